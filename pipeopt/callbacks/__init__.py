@@ -1,0 +1,3 @@
+from pipeopt.callbacks.pipeopt import PipeOpt
+
+__all__ = ["PipeOpt"]

@@ -1,0 +1,72 @@
+"""The user's options for PipeOpt, validated once, in one place (the callback and the CLI share it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+#: The knob groups pipeopt may turn. ``tune=()`` means observe only.
+TUNE_GROUPS: tuple[str, ...] = ("loader", "dali", "precision", "batch")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _bad(name: str, value: object, allowed: str) -> ValueError:
+    return ValueError(f"`PipeOpt({name}={value!r})` is not valid. Expected {allowed}.")
+
+
+def parse_tune(value: object) -> frozenset[str]:
+    """Turn ``tune=`` into a set of group names, naming any unknown group and the allowed ones."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise _bad("tune", value, f"a collection drawn from {set(TUNE_GROUPS)}, e.g. tune=('loader',); () observes only")
+    groups = list(value)
+    unknown = [g for g in groups if g not in TUNE_GROUPS]
+    if unknown:
+        raise _bad("tune", value, f"groups drawn from {set(TUNE_GROUPS)}; unknown: {unknown}")
+    return frozenset(groups)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class PipeOptConfig:
+    """Validated PipeOpt options. Every check raises a ``ValueError`` naming the argument and what is allowed."""
+
+    tune: frozenset[str] = frozenset(TUNE_GROUPS)
+    budget_s: float = 60.0
+    memory_fraction: float = 0.9
+    window: int = 20
+    warmup: int = 5
+    report_dir: Path | None = Path("pipeopt_reports")
+    cache: bool | Path = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen dataclass: normalise in place
+        set_(self, "tune", parse_tune(self.tune))
+        if not _is_number(self.budget_s) or not self.budget_s > 0:
+            raise _bad("budget_s", self.budget_s, "a number of seconds > 0")
+        if not _is_number(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
+            raise _bad("memory_fraction", self.memory_fraction, "a fraction in (0, 1]")
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 2:
+            raise _bad("window", self.window, "an int >= 2 (optimizer steps per measurement window)")
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise _bad("warmup", self.warmup, "an int >= 0 (optimizer steps ignored at the start)")
+        if self.report_dir is not None:
+            if not isinstance(self.report_dir, (str, os.PathLike)) or str(self.report_dir) == "":
+                raise _bad("report_dir", self.report_dir, "a directory path, or None to write no files")
+            set_(self, "report_dir", Path(self.report_dir))
+        if isinstance(self.cache, (str, os.PathLike)) and not isinstance(self.cache, bool):
+            if str(self.cache) == "":
+                raise _bad("cache", self.cache, "True, False or a file path")
+            set_(self, "cache", Path(self.cache))
+        elif not isinstance(self.cache, bool):
+            raise _bad("cache", self.cache, "True, False or a file path")
+
+    @property
+    def observe_only(self) -> bool:
+        return not self.tune

@@ -1,0 +1,52 @@
+"""CPU use of the training process and its loader workers, from the OS's own accounting (psutil)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    t: float
+    main_s: float  # CPU seconds of the training process (all its threads)
+    workers_s: float  # CPU seconds of its child processes, live and already reaped
+    workers: int  # live child processes
+
+
+class CpuMeter:
+    """Takes snapshots; the difference of two is the utilisation in between (100 % = one core busy)."""
+
+    def __init__(
+        self,
+        process: psutil.Process | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        process_time: Callable[[], float] = time.process_time,
+    ) -> None:
+        self._process = process or psutil.Process()
+        self._clock = clock
+        self._process_time = process_time  # this process, all threads, ns resolution (psutil has clock ticks)
+
+    def snapshot(self) -> CpuSnapshot:
+        times = self._process.cpu_times()
+        workers_s = times.children_user + times.children_system  # children already waited for
+        live = 0
+        for child in self._process.children(recursive=True):
+            try:
+                ct = child.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue  # exited between listing and reading: its time is in children_* once reaped
+            workers_s += ct.user + ct.system
+            live += 1
+        return CpuSnapshot(self._clock(), self._process_time(), workers_s, live)
+
+    @staticmethod
+    def utilisation(a: CpuSnapshot, b: CpuSnapshot) -> tuple[float, float] | None:
+        """(main %, workers %) between two snapshots; None when no time passed."""
+        wall = b.t - a.t
+        if wall <= 0:
+            return None
+        return 100.0 * (b.main_s - a.main_s) / wall, 100.0 * max(0.0, b.workers_s - a.workers_s) / wall

@@ -1,0 +1,75 @@
+"""What a window used besides time: CPU, device memory, and (with NVML) GPU utilisation and power."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pipeopt.measure.cpu import CpuMeter, CpuSnapshot
+from pipeopt.measure.device import peak_memory_bytes, reset_peak_memory
+from pipeopt.measure.nvml import NvmlSampler
+
+
+@dataclass(frozen=True)
+class ResourceFigures:
+    """Per-window resource figures; None where it could not be measured (see ``gpu_status``)."""
+
+    cpu_main_pct: float | None = None  # training process, 100 = one core
+    cpu_workers_pct: float | None = None  # its child processes (loader workers)
+    workers: int | None = None  # live child processes at the end of the window
+    peak_mem_bytes: int | None = None  # CUDA allocator peak during the window
+    gpu_util_pct: float | None = None
+    gpu_mem_used_bytes: int | None = None
+    gpu_power_w: float | None = None
+    gpu_status: str = "n/a"
+
+
+@dataclass(frozen=True)
+class Mark:
+    t: float
+    cpu: CpuSnapshot | None
+
+
+class ResourceProbe:
+    """``begin()`` marks a window's start; ``end(mark)`` returns its ``ResourceFigures`` and resets the peak."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        cpu: CpuMeter | None,
+        gpu: NvmlSampler | None,
+        gpu_status: str,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._clock = clock
+        self._device = device
+        self._cpu = cpu
+        self._gpu = gpu
+        self._gpu_status = gpu_status
+
+    def begin(self) -> Mark:
+        reset_peak_memory(self._device)
+        return Mark(self._clock(), self._cpu.snapshot() if self._cpu is not None else None)
+
+    def end(self, mark: Mark) -> ResourceFigures:
+        now = self._clock()
+        cpu = workers = None
+        if self._cpu is not None and mark.cpu is not None:
+            snap = self._cpu.snapshot()
+            cpu = CpuMeter.utilisation(mark.cpu, snap)
+            workers = snap.workers
+        gpu = self._gpu.summary(mark.t, now) if self._gpu is not None else None
+        return ResourceFigures(
+            cpu_main_pct=cpu[0] if cpu else None,
+            cpu_workers_pct=cpu[1] if cpu else None,
+            workers=workers,
+            peak_mem_bytes=peak_memory_bytes(self._device),
+            gpu_util_pct=gpu.util_pct if gpu else None,
+            gpu_mem_used_bytes=gpu.mem_used_bytes if gpu else None,
+            gpu_power_w=gpu.power_w if gpu else None,
+            gpu_status=self._gpu.status if self._gpu is not None else self._gpu_status,
+        )

@@ -1,0 +1,168 @@
+"""Windows: a fixed number of optimizer steps summarised into rates, fractions and resource figures."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pipeopt.measure.device import DeviceClock
+from pipeopt.measure.resources import ResourceFigures, ResourceProbe
+from pipeopt.measure.steps import StepRecord
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Measured figures of one window. Times are seconds per optimizer step (means over the window).
+
+    ``busy_frac`` is compute time over total time: the share of the step the accelerator (or, on CPU, the
+    training process) spent in forward/backward/optimizer. On CUDA ``compute`` and ``transfer`` are device
+    times from CUDA events and may overlap the host's ``wait``, so the fractions need not add up to 1.
+    """
+
+    index: int
+    label: str
+    first_step: int
+    steps: int
+    samples: int | None
+    duration_s: float
+    step_time_s: float
+    step_time_std_s: float
+    wait_s: float
+    transfer_s: float
+    compute_s: float
+    samples_per_s: float | None
+    steps_per_s: float
+    data_wait_frac: float
+    transfer_frac: float
+    busy_frac: float
+    resources: ResourceFigures = field(default_factory=ResourceFigures)
+
+    @property
+    def input_free_step_s(self) -> float:
+        """Step time if every batch were already waiting: the host's other work or the device's, whichever is longer."""
+        return max(self.step_time_s - self.wait_s, self.compute_s + self.transfer_s, 1e-12)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WindowStats:
+        data = dict(data)
+        data["resources"] = ResourceFigures(**data.get("resources", {}))
+        return cls(**data)
+
+
+def summarize(
+    records: Sequence[StepRecord],
+    clock: DeviceClock,
+    *,
+    index: int,
+    label: str,
+    first_step: int,
+    resources: ResourceFigures,
+) -> WindowStats:
+    """Resolve the records' device stamps and reduce them to a ``WindowStats``."""
+    if not records:
+        raise ValueError("a window needs at least one step")
+    clock.settle()
+    totals = [r.total for r in records]
+    duration = sum(totals)
+    n = len(records)
+    wait = sum(r.wait for r in records)
+    transfer = sum(clock.seconds(a, b) for r in records for a, b in r.transfers)
+    compute = sum(clock.seconds(a, b) for r in records for a, b in r.computes)
+    samples = None if any(r.samples is None for r in records) else sum(r.samples for r in records)  # type: ignore[misc]
+    safe = duration if duration > 0 else float("nan")
+    return WindowStats(
+        index=index,
+        label=label,
+        first_step=first_step,
+        steps=n,
+        samples=samples,
+        duration_s=duration,
+        step_time_s=duration / n,
+        step_time_std_s=statistics.pstdev(totals) if n > 1 else 0.0,
+        wait_s=wait / n,
+        transfer_s=transfer / n,
+        compute_s=compute / n,
+        samples_per_s=(samples / safe) if samples else None,
+        steps_per_s=n / safe,
+        data_wait_frac=wait / safe,
+        transfer_frac=transfer / safe,
+        busy_frac=compute / safe,
+        resources=resources,
+    )
+
+
+class WindowMeter:
+    """Skips ``warmup`` steps, then groups every ``window`` steps into a ``WindowStats`` (update / compute / reset).
+
+    ``reset`` drops the steps of an unfinished window, e.g. when the configuration changes mid-window.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int,
+        warmup: int,
+        clock: DeviceClock,
+        probe: ResourceProbe,
+        on_window: Callable[[WindowStats], None],
+    ) -> None:
+        self.window = window
+        self.warmup = warmup
+        self._clock = clock
+        self._probe = probe
+        self._on_window = on_window
+        self._steps: list[StepRecord] = []
+        self._seen = 0
+        self._windows = 0
+        self._mark: Any = None
+        self.label = "observe"
+
+    @property
+    def steps_seen(self) -> int:
+        return self._seen
+
+    @property
+    def pending_steps(self) -> int:
+        """Steps in the current, unfinished window."""
+        return len(self._steps)
+
+    def update(self, record: StepRecord) -> None:
+        self._seen += 1
+        if self._seen <= self.warmup:
+            if self._seen == self.warmup:
+                self._mark = self._probe.begin()
+            return
+        if self._mark is None:
+            self._mark = self._probe.begin()
+        self._steps.append(record)
+        if len(self._steps) >= self.window:
+            self.compute()
+
+    def compute(self) -> WindowStats | None:
+        """Close the current window now (if it has steps) and hand it on."""
+        if not self._steps:
+            return None
+        stats = summarize(
+            self._steps,
+            self._clock,
+            index=self._windows,
+            label=self.label,
+            first_step=self._seen - len(self._steps),
+            resources=self._probe.end(self._mark),
+        )
+        self._windows += 1
+        self._steps = []
+        self._mark = self._probe.begin()
+        self._on_window(stats)
+        return stats
+
+    def reset(self, label: str | None = None) -> None:
+        self._steps = []
+        self._mark = self._probe.begin() if self._seen >= self.warmup else None
+        if label is not None:
+            self.label = label

@@ -1,0 +1,55 @@
+"""Figures sent to the Trainer's loggers. Every key pipeopt emits is in this table.
+
+============================  ==============================================================  ===========
+key                           meaning                                                         when
+============================  ==============================================================  ===========
+``pipeopt/samples_per_s``     samples per second over the window                              each window
+``pipeopt/steps_per_s``       optimizer steps per second over the window                      each window
+``pipeopt/step_time_ms``      mean wall time of an optimizer step                             each window
+``pipeopt/data_wait_frac``    share of step time the loop was blocked waiting for a batch     each window
+``pipeopt/transfer_frac``     share of step time spent moving batches to the device           each window
+``pipeopt/busy_frac``         share of step time in forward + backward + optimizer            each window
+``pipeopt/cpu_main_pct``      CPU use of the training process (100 = one core)                each window
+``pipeopt/cpu_workers_pct``   CPU use of its loader workers (100 = one core)                  each window
+``pipeopt/peak_mem_mb``       CUDA allocator peak during the window                           CUDA only
+``pipeopt/gpu_util_pct``      NVML GPU utilisation, mean over the window                      NVML only
+``pipeopt/gpu_mem_used_mb``   NVML memory used on the device, max over the window             NVML only
+``pipeopt/gpu_power_w``       NVML power draw, mean over the window                           NVML only
+``pipeopt/predicted_speedup`` speedup if input were free (the verdict's prediction)           end of fit
+``pipeopt/measured_speedup``  after-window over before-window throughput                      end of fit
+============================  ==============================================================  ===========
+"""
+
+from __future__ import annotations
+
+from pipeopt.measure.window import WindowStats
+from pipeopt.report.model import Report
+
+_MB = 1024 * 1024
+
+
+def window_metrics(stats: WindowStats) -> dict[str, float]:
+    res = stats.resources
+    candidates: dict[str, float | None] = {
+        "pipeopt/samples_per_s": stats.samples_per_s,
+        "pipeopt/steps_per_s": stats.steps_per_s,
+        "pipeopt/step_time_ms": stats.step_time_s * 1e3,
+        "pipeopt/data_wait_frac": stats.data_wait_frac,
+        "pipeopt/transfer_frac": stats.transfer_frac,
+        "pipeopt/busy_frac": stats.busy_frac,
+        "pipeopt/cpu_main_pct": res.cpu_main_pct,
+        "pipeopt/cpu_workers_pct": res.cpu_workers_pct,
+        "pipeopt/peak_mem_mb": None if res.peak_mem_bytes is None else res.peak_mem_bytes / _MB,
+        "pipeopt/gpu_util_pct": res.gpu_util_pct,
+        "pipeopt/gpu_mem_used_mb": None if res.gpu_mem_used_bytes is None else res.gpu_mem_used_bytes / _MB,
+        "pipeopt/gpu_power_w": res.gpu_power_w,
+    }
+    return {k: float(v) for k, v in candidates.items() if v is not None}
+
+
+def summary_metrics(report: Report) -> dict[str, float]:
+    candidates = {
+        "pipeopt/predicted_speedup": report.predicted_speedup,
+        "pipeopt/measured_speedup": report.measured_speedup,
+    }
+    return {k: float(v) for k, v in candidates.items() if v is not None}

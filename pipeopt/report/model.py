@@ -1,0 +1,142 @@
+"""The report dataclass. Everything in it was measured; ``to_dict`` is the JSON schema (report/schema.json)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pipeopt.measure.window import WindowStats
+from pipeopt.verdict import Verdict
+
+SCHEMA_VERSION = 1
+MAX_TIMELINE = 512
+
+
+@dataclass(frozen=True)
+class Change:
+    """A knob pipeopt turned on the run, with the measured reason."""
+
+    knob: str
+    before: Any
+    after: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate configuration tried on the live run."""
+
+    settings: dict[str, Any]
+    samples_per_s: float | None
+    data_wait_frac: float | None
+    status: str  # "ok" | "failed" | "skipped"
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A knob group that was asked for but not tuned, and why."""
+
+    group: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Environment:
+    accelerator: str
+    device_name: str
+    device_count: int
+    world_size: int
+    cpu_count: int
+    python: str
+    torch: str
+    lightning: dict[str, str]
+    pipeopt: str
+    gpu_monitoring: str
+
+
+def _speedup(before: WindowStats | None, after: WindowStats | None) -> float | None:
+    if before is None or after is None:
+        return None
+    if before.samples_per_s and after.samples_per_s:
+        return after.samples_per_s / before.samples_per_s
+    return after.steps_per_s / before.steps_per_s
+
+
+def thin(windows: list[WindowStats], limit: int = MAX_TIMELINE) -> list[WindowStats]:
+    """At most ``limit`` windows, evenly spread, always keeping the first and the last."""
+    if len(windows) <= limit:
+        return list(windows)
+    step = (len(windows) - 1) / (limit - 1)
+    return [windows[round(i * step)] for i in range(limit)]
+
+
+@dataclass
+class Report:
+    """Before/after figures of one fit. In observe mode ``before`` is the first window and ``after`` the last."""
+
+    mode: str  # "observe" | "tune"
+    environment: Environment
+    before: WindowStats | None = None
+    after: WindowStats | None = None
+    verdict: Verdict | None = None
+    changes: list[Change] = field(default_factory=list)
+    trials: list[Trial] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    timeline: list[WindowStats] = field(default_factory=list)
+    steps_measured: int = 0
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        return self.verdict.predicted_speedup if self.verdict else None
+
+    @property
+    def measured_speedup(self) -> float | None:
+        return _speedup(self.before, self.after)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "created": self.created,
+            "mode": self.mode,
+            "environment": asdict(self.environment),
+            "before": self.before.to_dict() if self.before else None,
+            "after": self.after.to_dict() if self.after else None,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "predicted_speedup": self.predicted_speedup,
+            "measured_speedup": self.measured_speedup,
+            "changes": [asdict(c) for c in self.changes],
+            "trials": [asdict(t) for t in self.trials],
+            "skipped": [asdict(s) for s in self.skipped],
+            "notes": list(self.notes),
+            "steps_measured": self.steps_measured,
+            "timeline": [w.to_dict() for w in thin(self.timeline)],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(
+                f"report schema_version {data.get('schema_version')!r} is not supported; expected {SCHEMA_VERSION}"
+            )
+
+        def window(d: dict[str, Any] | None) -> WindowStats | None:
+            return WindowStats.from_dict(d) if d else None
+
+        return cls(
+            mode=data["mode"],
+            environment=Environment(**data["environment"]),
+            before=window(data["before"]),
+            after=window(data["after"]),
+            verdict=Verdict(**data["verdict"]) if data["verdict"] else None,
+            changes=[Change(**c) for c in data["changes"]],
+            trials=[Trial(**t) for t in data["trials"]],
+            skipped=[Skipped(**s) for s in data["skipped"]],
+            notes=list(data["notes"]),
+            timeline=[WindowStats.from_dict(w) for w in data["timeline"]],
+            steps_measured=data["steps_measured"],
+            created=data["created"],
+        )

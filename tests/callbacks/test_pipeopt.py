@@ -1,0 +1,193 @@
+"""PipeOpt in observe mode on real, tiny Lightning fits (CPU)."""
+
+import csv
+import io
+import json
+import warnings
+
+import jsonschema
+import pytest
+import pytorch_lightning as pl
+import torch
+from rich.console import Console
+from torch.utils.data import DataLoader
+
+from pipeopt import PipeOpt
+from pipeopt.measure.tap import ProfilerTap
+from pipeopt.report.json_io import SCHEMA_PATH
+from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs, resident_dataset
+
+
+def observe(**kwargs):
+    kwargs.setdefault("tune", ())
+    kwargs.setdefault("window", 5)
+    kwargs.setdefault("warmup", 2)
+    kwargs.setdefault("report_dir", None)
+    kwargs.setdefault("console", Console(file=io.StringIO(), width=100))
+    return PipeOpt(**kwargs)
+
+
+def test_storage_latency_run_is_input_bound():
+    callback = observe()
+    trainer = pl.Trainer(max_steps=20, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.003), batch_size=8))
+    report = callback.report
+    assert report.before.data_wait_frac > 0.5
+    assert report.verdict.kind == "input-bound"
+    assert report.verdict.predicted_speedup > 2
+    assert report.before.samples == 5 * 8
+
+
+def test_resident_tensors_are_compute_bound():
+    callback = observe()
+    trainer = pl.Trainer(max_steps=20, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Regressor(dim=256, hidden=1024, depth=3), DataLoader(resident_dataset(), batch_size=64))
+    report = callback.report
+    assert report.before.data_wait_frac < 0.2
+    assert report.verdict.kind == "compute-bound"
+    assert report.before.busy_frac > 0.5
+
+
+def test_json_report_is_written_and_matches_its_schema(tmp_path):
+    callback = observe(report_dir=tmp_path / "reports")
+    trainer = pl.Trainer(max_steps=14, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.001), batch_size=4))
+    assert callback.report_path.parent == tmp_path / "reports"
+    data = json.loads(callback.report_path.read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["mode"] == "observe" and data["steps_measured"] == 14
+    assert data["before"]["first_step"] == 2 and data["after"]["first_step"] == 12
+
+
+def _fit_weights(callbacks, seed=7):
+    pl.seed_everything(seed, verbose=False)
+    model = Regressor(hidden=32, dropout=0.3, batchnorm=True)
+    loader = DataLoader(SleepyDataset(n=96, delay_s=0.0), batch_size=8, shuffle=True)
+    trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, **quiet_trainer_kwargs())
+    trainer.fit(model, loader)
+    return model.state_dict(), model.seen
+
+
+def test_observing_changes_nothing_the_model_learns():
+    plain_weights, plain_order = _fit_weights([])
+    observed_weights, observed_order = _fit_weights([observe(window=3, warmup=1)])
+    assert observed_order == plain_order
+    assert plain_weights.keys() == observed_weights.keys()
+    for name, value in plain_weights.items():
+        assert torch.equal(value, observed_weights[name]), name
+
+
+def test_window_figures_reach_the_trainers_loggers(tmp_path):
+    logger = pl.loggers.CSVLogger(tmp_path, name="run")
+    callback = observe()
+    trainer = pl.Trainer(max_steps=20, callbacks=[callback], **quiet_trainer_kwargs(logger=logger))
+    trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.001), batch_size=4))
+    with open(logger.experiment.metrics_file_path) as handle:
+        rows = list(csv.DictReader(handle))
+    waits = [float(r["pipeopt/data_wait_frac"]) for r in rows if r.get("pipeopt/data_wait_frac")]
+    assert len(waits) == len(callback.windows) == 4
+    assert waits == pytest.approx([w.data_wait_frac for w in callback.windows])
+    assert any(r.get("pipeopt/measured_speedup") for r in rows)
+
+
+def test_gradient_accumulation_windows_count_optimizer_steps():
+    callback = observe(window=3, warmup=1)
+    trainer = pl.Trainer(max_steps=10, accumulate_grad_batches=3, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
+    assert callback.windows, "no window was measured"
+    for w in callback.windows:
+        assert w.samples == w.steps * 3 * 4
+
+
+def test_validation_time_is_not_counted_as_training_time():
+    class SlowValidation(Regressor):
+        def validation_step(self, batch, batch_idx):
+            import time
+
+            time.sleep(0.2)
+
+    callback = observe(window=4, warmup=1)
+    trainer = pl.Trainer(max_steps=16, val_check_interval=3, limit_val_batches=1, num_sanity_val_steps=0,
+                         callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(SlowValidation(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4),
+                DataLoader(SleepyDataset(n=8, delay_s=0.0), batch_size=4))
+    assert len(callback.windows) >= 3
+    assert max(w.step_time_s for w in callback.windows) < 0.05
+
+
+def test_unimplemented_groups_are_skipped_with_one_warning():
+    with pytest.warns(UserWarning, match="tuning of loader, dali, precision, batch is not available") as record:
+        callback = PipeOpt(window=3, warmup=1, report_dir=None, console=Console(file=io.StringIO()))
+        trainer = pl.Trainer(max_steps=6, callbacks=[callback], **quiet_trainer_kwargs())
+        trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
+    assert len([w for w in record if "PipeOpt" in str(w.message)]) == 1
+    assert [s.group for s in callback.report.skipped] == ["loader", "dali", "precision", "batch"]
+
+
+def test_observe_only_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*PipeOpt.*")
+        trainer = pl.Trainer(max_steps=6, callbacks=[observe()], **quiet_trainer_kwargs())
+        trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
+
+
+def test_an_unwritable_report_dir_warns_and_training_completes(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    callback = observe(report_dir=blocker / "reports")
+    trainer = pl.Trainer(max_steps=10, callbacks=[callback], **quiet_trainer_kwargs())
+    with pytest.warns(UserWarning, match="could not write its report"):
+        trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
+    assert trainer.global_step == 10 and callback.report is not None and callback.report_path is None
+
+
+def test_the_users_profiler_still_profiles_and_is_restored():
+    profiler = pl.profilers.SimpleProfiler()
+    trainer = pl.Trainer(max_steps=8, profiler=profiler, callbacks=[observe()], **quiet_trainer_kwargs())
+    trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
+    assert trainer.profiler is profiler
+    assert len(profiler.recorded_durations["run_training_batch"]) == 8
+
+
+def test_a_failing_step_surfaces_unchanged_and_cleans_up():
+    class Boom(Regressor):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 3:
+                raise ZeroDivisionError("user bug")
+            return super().training_step(batch, batch_idx)
+
+    trainer = pl.Trainer(max_steps=8, callbacks=[observe()], **quiet_trainer_kwargs())
+    original = trainer.profiler
+    with pytest.raises(ZeroDivisionError, match="user bug"):
+        trainer.fit(Boom(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
+    assert trainer.profiler is original and not isinstance(trainer.profiler, ProfilerTap)
+
+
+def test_console_report_is_printed_at_the_end_of_fit():
+    buf = io.StringIO()
+    trainer = pl.Trainer(max_steps=12, callbacks=[observe(console=Console(file=buf, width=100, color_system=None))],
+                         **quiet_trainer_kwargs())
+    trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.002), batch_size=4))
+    text = buf.getvalue()
+    assert "first / last window (observe only)" in text and "Verdict: input-bound" in text
+
+
+def test_works_under_the_lightning_namespace():
+    L = pytest.importorskip("lightning.pytorch", reason="the `lightning` package is not installed")
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(16, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    callback = observe()
+    trainer = L.Trainer(max_steps=12, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Model(), DataLoader(SleepyDataset(delay_s=0.002), batch_size=4))
+    assert callback.report.before.data_wait_frac > 0.5
+    assert not isinstance(trainer.profiler, ProfilerTap)

@@ -1,0 +1,85 @@
+"""Tiny models, datasets and Trainer settings shared by the tests (real Lightning fits on CPU)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class SleepyDataset(Dataset):
+    """Each sample costs ``delay_s`` of waiting (storage latency), and returns its own index as the target."""
+
+    def __init__(self, n: int = 512, dim: int = 16, delay_s: float = 0.002) -> None:
+        self.n, self.dim, self.delay_s = n, dim, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.delay_s)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(self.dim, generator=g), torch.tensor(i)
+
+
+class Regressor(pl.LightningModule):
+    """An MLP on (x, index) batches; ``hidden`` sets how much compute a step costs."""
+
+    def __init__(self, dim: int = 16, hidden: int = 32, depth: int = 1, dropout: float = 0.0, batchnorm: bool = False):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = dim
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden)]
+            if batchnorm:
+                layers += [nn.BatchNorm1d(hidden)]
+            layers += [nn.ReLU(), nn.Dropout(dropout)]
+            width = hidden
+        layers += [nn.Linear(width, 1)]
+        self.net = nn.Sequential(*layers)
+        self.seen: list[int] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, idx = batch
+        self.seen.extend(idx.tolist())
+        return (self.net(x).squeeze(-1) - idx.float() / 512).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+def quiet_trainer_kwargs(**overrides: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def resident_dataset(n: int = 1024, dim: int = 256) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(n, dim, generator=g), torch.arange(n))
+
+
+def make_window(**overrides: Any):
+    """A WindowStats with consistent figures: 10 steps of 100 ms, 40 % of it waiting for data."""
+    from pipeopt.measure.resources import ResourceFigures
+    from pipeopt.measure.window import WindowStats
+
+    fields: dict[str, Any] = dict(
+        index=0, label="observe", first_step=5, steps=10, samples=320, duration_s=1.0, step_time_s=0.1,
+        step_time_std_s=0.01, wait_s=0.04, transfer_s=0.0, compute_s=0.05, samples_per_s=320.0, steps_per_s=10.0,
+        data_wait_frac=0.4, transfer_frac=0.0, busy_frac=0.5,
+        resources=ResourceFigures(cpu_main_pct=98.0, cpu_workers_pct=0.0, workers=0, gpu_status="n/a (no NVIDIA driver)"),
+    )
+    fields.update(overrides)
+    return WindowStats(**fields)

@@ -1,0 +1,69 @@
+import pytest
+
+from pipeopt.measure.device import HostClock
+from pipeopt.measure.steps import StepRecord
+from pipeopt.measure.window import WindowMeter, summarize
+from tests.measure.fakes import FakeClock, NullProbe
+
+
+def record(start, *, wait=0.1, transfer=0.05, compute=0.3, total=0.5, samples=10):
+    return StepRecord(
+        start=start,
+        end=start + total,
+        wait=wait,
+        transfers=((start + wait, start + wait + transfer),),
+        computes=((start + 0.2, start + 0.2 + compute),),
+        samples=samples,
+        micro_batches=1,
+    )
+
+
+def test_summary_figures():
+    recs = [record(0.0), record(0.5, total=1.5, wait=1.1)]
+    w = summarize(recs, HostClock(), index=0, label="observe", first_step=5, resources=NullProbe().end(None))
+    assert w.steps == 2 and w.samples == 20 and w.first_step == 5
+    assert w.duration_s == pytest.approx(2.0)
+    assert w.step_time_s == pytest.approx(1.0)
+    assert w.step_time_std_s == pytest.approx(0.5)
+    assert w.samples_per_s == pytest.approx(10.0)
+    assert w.steps_per_s == pytest.approx(1.0)
+    assert w.data_wait_frac == pytest.approx(1.2 / 2.0)
+    assert w.transfer_frac == pytest.approx(0.1 / 2.0)
+    assert w.busy_frac == pytest.approx(0.6 / 2.0)
+    assert w.input_free_step_s == pytest.approx(1.0 - 0.6)
+
+
+def test_samples_per_second_is_unknown_when_samples_are():
+    w = summarize([record(0.0, samples=None)], HostClock(), index=0, label="x", first_step=0,
+                  resources=NullProbe().end(None))
+    assert w.samples is None and w.samples_per_s is None and w.steps_per_s == pytest.approx(2.0)
+
+
+def test_meter_skips_warmup_and_groups_windows():
+    windows = []
+    meter = WindowMeter(window=3, warmup=2, clock=HostClock(FakeClock()), probe=NullProbe(), on_window=windows.append)
+    for i in range(2 + 3 * 2 + 1):
+        meter.update(record(float(i)))
+    assert [(w.index, w.first_step, w.steps) for w in windows] == [(0, 2, 3), (1, 5, 3)]
+    assert meter.pending_steps == 1 and meter.steps_seen == 9
+    last = meter.compute()
+    assert last is not None and (last.first_step, last.steps) == (8, 1)
+    assert meter.compute() is None
+
+
+def test_reset_drops_the_unfinished_window_and_relabels():
+    windows = []
+    meter = WindowMeter(window=2, warmup=0, clock=HostClock(), probe=NullProbe(), on_window=windows.append)
+    meter.update(record(0.0, total=100.0))
+    meter.reset(label="trial")
+    meter.update(record(1.0))
+    meter.update(record(2.0))
+    assert len(windows) == 1 and windows[0].label == "trial"
+    assert windows[0].step_time_s == pytest.approx(0.5)
+
+
+def test_roundtrip_to_dict():
+    w = summarize([record(0.0)], HostClock(), index=0, label="observe", first_step=0, resources=NullProbe().end(None))
+    from pipeopt.measure.window import WindowStats
+
+    assert WindowStats.from_dict(w.to_dict()) == w

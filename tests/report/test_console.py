@@ -1,0 +1,52 @@
+import io
+
+from rich.console import Console
+
+from pipeopt.report.console import print_report
+from pipeopt.report.model import Report
+from tests.report.test_json import ENV, full_report
+from tests.helpers import make_window
+
+
+def rendered(report):
+    buf = io.StringIO()
+    print_report(report, Console(file=buf, width=100, color_system=None))
+    return buf.getvalue()
+
+
+def row(text, label):
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"│ {label} ")]
+    return [cell.strip() for cell in line.strip("│").split("│")]
+
+
+def test_before_after_table():
+    text = rendered(full_report())
+    assert "pipeopt: before / after" in text
+    assert row(text, "samples/s") == ["samples/s", "320.0", "640.0", "2.00x"]
+    assert row(text, "data wait") == ["data wait", "40%", "2%", ""]
+    assert row(text, "CPU main process") == ["CPU main process", "98 %", "98 %", ""]
+    assert row(text, "GPU utilisation") == ["GPU utilisation", "n/a", "n/a", ""]
+    assert "GPU monitoring: n/a (no NVIDIA driver)" in text
+    assert "Verdict: input-bound" in text
+    assert "Changed num_workers: 0 -> 2 (fastest within noise)" in text
+    assert "Skipped dali: DALI is not installed" in text
+
+
+def test_observe_only_with_no_window_yet():
+    text = rendered(Report(mode="observe", environment=ENV, steps_measured=3))
+    assert "first / last window (observe only)" in text
+    assert "not enough steps were measured for a window (3 steps seen)" in text
+    assert row(text, "samples/s") == ["samples/s", "-", "-", ""]
+    assert "Nothing was changed (observe only)." in text
+
+
+def test_gpu_figures_when_sampled():
+    from pipeopt.measure.resources import ResourceFigures
+
+    res = ResourceFigures(peak_mem_bytes=2**31, gpu_util_pct=97.0, gpu_mem_used_bytes=3 * 2**30, gpu_power_w=612.0,
+                          gpu_status="sampled")
+    w = make_window(resources=res)
+    text = rendered(Report(mode="observe", environment=ENV, before=w, after=w))
+    assert row(text, "GPU utilisation")[1:3] == ["97 %", "97 %"]
+    assert row(text, "peak device memory")[1] == "2.00 GiB"
+    assert row(text, "GPU power")[1] == "612 W"

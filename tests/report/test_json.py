@@ -1,0 +1,56 @@
+import json
+
+import jsonschema
+import pytest
+
+from pipeopt.report.json_io import SCHEMA_PATH, read_report, write_report
+from pipeopt.report.model import Change, Environment, Report, Skipped, Trial, thin
+from pipeopt.verdict import judge
+from tests.helpers import make_window
+
+ENV = Environment(
+    accelerator="cpu", device_name="x86_64", device_count=1, world_size=1, cpu_count=2, python="3.11.7",
+    torch="2.13.0", lightning={"pytorch-lightning": "2.6.6"}, pipeopt="0.1.0", gpu_monitoring="n/a (no NVIDIA driver)",
+)
+
+
+def full_report():
+    before = make_window()
+    after = make_window(index=3, first_step=35, samples_per_s=640.0, steps_per_s=20.0, data_wait_frac=0.02)
+    return Report(
+        mode="tune", environment=ENV, before=before, after=after, verdict=judge(before),
+        changes=[Change("num_workers", 0, 2, "fastest within noise")],
+        trials=[Trial({"num_workers": 2}, 640.0, 0.02, "ok"), Trial({"num_workers": 8}, None, None, "failed", "worker crashed")],
+        skipped=[Skipped("dali", "DALI is not installed")], notes=["a note"], timeline=[before, after], steps_measured=45,
+    )
+
+
+def test_written_report_matches_the_schema_and_reads_back(tmp_path):
+    report = full_report()
+    path = write_report(report, tmp_path / "reports")
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["measured_speedup"] == pytest.approx(2.0)
+    assert data["predicted_speedup"] == pytest.approx(report.verdict.predicted_speedup)
+    assert read_report(path) == report
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_observe_report_without_windows_matches_the_schema(tmp_path):
+    path = write_report(Report(mode="observe", environment=ENV), tmp_path)
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["before"] is None and data["measured_speedup"] is None
+
+
+def test_a_foreign_schema_version_is_refused(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(ValueError, match="schema_version 99 is not supported"):
+        read_report(path)
+
+
+def test_timeline_is_thinned_keeping_first_and_last():
+    windows = [make_window(index=i) for i in range(2000)]
+    kept = thin(windows, 512)
+    assert len(kept) == 512 and kept[0].index == 0 and kept[-1].index == 1999

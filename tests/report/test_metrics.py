@@ -1,0 +1,23 @@
+import pipeopt.report.metrics as metrics
+from pipeopt.measure.resources import ResourceFigures
+from pipeopt.report.model import Report
+from pipeopt.verdict import judge
+from tests.helpers import make_window
+from tests.report.test_json import ENV
+
+
+def test_every_emitted_key_is_documented():
+    full = make_window(resources=ResourceFigures(1.0, 2.0, 1, 10, 3.0, 20, 4.0, "sampled"))
+    keys = set(metrics.window_metrics(full))
+    w = make_window()
+    keys |= set(metrics.summary_metrics(Report(mode="observe", environment=ENV, before=w, after=w, verdict=judge(w))))
+    assert len(keys) == 14
+    for key in keys:
+        assert f"``{key}``" in metrics.__doc__
+
+
+def test_unmeasured_figures_are_left_out_not_zero():
+    emitted = metrics.window_metrics(make_window())
+    assert "pipeopt/gpu_util_pct" not in emitted and "pipeopt/peak_mem_mb" not in emitted
+    assert emitted["pipeopt/data_wait_frac"] == 0.4
+    assert emitted["pipeopt/step_time_ms"] == 100.0
