@@ -47,3 +47,98 @@ def lightning_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Where a running fit keeps its train loaders (Lightning privates).
+
+
+def train_combined_loader(trainer: Any) -> Any:
+    """The fit's ``CombinedLoader`` (``.flattened`` is its list of loaders), or None before data is set up."""
+    return getattr(trainer.fit_loop, "_combined_loader", None)
+
+
+def live_train_iterators(trainer: Any) -> list[Any] | None:
+    """The iterators the running epoch pulls from (mutable: replacing an item redirects the epoch)."""
+    combined = train_combined_loader(trainer)
+    mode_iterator = getattr(combined, "_iterator", None)
+    return getattr(mode_iterator, "iterators", None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch DataLoader iterator internals (torch 2.2 - 2.13).
+
+#: Messages torch's DataLoader machinery raises when workers die, hang or run out of shared memory - as opposed to
+#: an exception raised by the user's dataset, which must surface unchanged.
+WORKER_FAILURE_MARKERS = (
+    "DataLoader worker (pid",
+    "DataLoader timed out after",
+    "Pin memory thread exited unexpectedly",
+)
+SHM_MARKERS = ("/torch_", "shared memory", "No space left on device")
+
+
+def is_worker_failure(err: BaseException) -> bool:
+    msg = str(err)
+    if not isinstance(err, RuntimeError):
+        return False
+    if any(marker in msg for marker in WORKER_FAILURE_MARKERS):
+        return True
+    return "in DataLoader worker" in msg and any(marker in msg for marker in SHM_MARKERS)
+
+
+def take_index_stream(iterator: Any) -> Any:
+    """Detach the main-process index stream from a running DataLoader iterator.
+
+    Returns the iterator over the epoch's remaining (batches of) indices. The DataLoader iterator keeps what it
+    already dispatched to its workers, delivers it, and then stops.
+    """
+    stream = iterator._sampler_iter
+    iterator._sampler_iter = iter(())
+    return stream
+
+
+def shutdown_iterator(iterator: Any) -> None:
+    """Stop a DataLoader iterator's workers now (also for persistent workers, which otherwise wait for reuse)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def cached_iterator(loader: Any) -> Any:
+    """The iterator a loader with persistent workers keeps for its next epoch (None otherwise)."""
+    return getattr(loader, "_iterator", None)
+
+
+def forget_cached_iterator(loader: Any, iterator: Any) -> None:
+    """A loader with persistent workers caches its iterator for reuse; drop it once its workers are gone."""
+    if getattr(loader, "_iterator", None) is iterator:
+        loader._iterator = None
+
+
+def set_fetch_timeout(iterator: Any, seconds: float) -> None:
+    """Change how long a running iterator waits for a batch before raising (0: forever)."""
+    if hasattr(iterator, "_timeout"):
+        iterator._timeout = seconds
+
+
+def detach_worker_watch(iterator: Any) -> None:
+    """Stop torch's SIGCHLD handler from raising for this iterator's workers anywhere in the main thread.
+
+    A dead worker of a trial is then reported where pipeopt can survive it: in ``next()`` on the iterator.
+    """
+    if getattr(iterator, "_worker_pids_set", False):
+        import torch
+
+        torch._C._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
+
+
+def attach_worker_watch(iterator: Any) -> None:
+    """Undo ``detach_worker_watch`` (for the iterator that the run keeps)."""
+    workers = getattr(iterator, "_workers", None)
+    if workers and not getattr(iterator, "_worker_pids_set", True):
+        import torch
+
+        torch._C._set_worker_pids(id(iterator), tuple(w.pid for w in workers))
+        iterator._worker_pids_set = True

@@ -7,13 +7,15 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Console
 
 from pipeopt import _compat
 from pipeopt._compat import Callback, rank_zero_warn
 from pipeopt.config import TUNE_GROUPS, PathLike, PipeOptConfig
+from pipeopt.apply.loader import LoaderSwitcher, unsupported
 from pipeopt.measure.batch import batch_size
-from pipeopt.measure.cpu import CpuMeter
+from pipeopt.measure.cpu import CpuMeter, worker_private_memory
 from pipeopt.measure.device import clock_for
 from pipeopt.measure.nvml import NOT_CUDA, NvmlSampler, device_handle, open_nvml
 from pipeopt.measure.resources import ResourceProbe
@@ -25,10 +27,12 @@ from pipeopt.report.console import print_report
 from pipeopt.report.json_io import write_report
 from pipeopt.report.metrics import summary_metrics, window_metrics
 from pipeopt.report.model import Report, Skipped
+from pipeopt.tuning.loader_search import Budget
+from pipeopt.tuning.session import LoaderSession
 from pipeopt.verdict import judge
 
 #: Knob groups whose tuner exists in this release. The others are skipped with one warning.
-IMPLEMENTED_GROUPS: frozenset[str] = frozenset()
+IMPLEMENTED_GROUPS: frozenset[str] = frozenset({"loader"})
 
 
 class PipeOpt(Callback):
@@ -92,6 +96,8 @@ class PipeOpt(Callback):
         self._step_at_batch_start = 0
         self._skipped: list[Skipped] = []
         self._env: environment.Environment | None = None
+        self._switcher: LoaderSwitcher | None = None
+        self._session: LoaderSession | None = None
 
     # -- set-up and clean-up ------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -105,8 +111,9 @@ class PipeOpt(Callback):
             reason = "not implemented in this pipeopt release; observed only"
             self._skipped = [Skipped(group, reason) for group in missing]
             rank_zero_warn(
-                f"PipeOpt: tuning of {', '.join(missing)} is not available in this release; the run is observed "
-                "and reported, those knobs are left as they are. Pass `tune=()` to observe only without this warning."
+                f"PipeOpt: tuning of {', '.join(missing)} is not available in this release; those knobs are left "
+                f"as they are. Pass `tune={tuple(sorted(self.config.tune & IMPLEMENTED_GROUPS))}` to tune only "
+                "what is available without this warning."
             )
 
         device = trainer.strategy.root_device
@@ -150,11 +157,53 @@ class PipeOpt(Callback):
         self._release(trainer)
 
     def _release(self, trainer: Any) -> None:
+        if self._switcher is not None:
+            self._switcher.close()
         if self._previous_profiler is not None and isinstance(trainer.profiler, ProfilerTap):
             _compat.swap_profiler(trainer, self._previous_profiler)
         if self._sampler is not None:
             self._sampler.stop()
         self._reset_run_state()
+
+    # -- loader tuning ------------------------------------------------------------------------------------
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if "loader" in self.config.tune and self._meter is not None:
+            self._start_loader_session(trainer)
+
+    def _start_loader_session(self, trainer: Any) -> None:
+        loaders = _compat.train_combined_loader(trainer)
+        flattened = list(loaders.flattened) if loaders is not None else []
+        if len(flattened) != 1:
+            self._skip("loader", f"the fit has {len(flattened)} train loaders; pipeopt tunes a single one")
+            return
+        reason = unsupported(flattened[0])
+        if reason is not None:
+            self._skip("loader", reason)
+            return
+        self._switcher = LoaderSwitcher(trainer)
+        meter = self._meter
+        self._session = LoaderSession(
+            self._switcher,
+            budget=Budget(
+                cpus=max(1, environment.cpus_available() // max(1, trainer.num_devices)),
+                memory_bytes=int(0.5 * psutil.virtual_memory().available),
+                cuda=trainer.strategy.root_device.type == "cuda",
+                more_epochs=_more_epochs_ahead(trainer),
+            ),
+            budget_s=self.config.budget_s,
+            reset_meter=lambda label, skip, length: meter.reset(label, skip, length),  # type: ignore[union-attr]
+            clock=self._clock,
+            say=self._say if trainer.is_global_zero else (lambda line: None),
+            worker_memory=worker_private_memory,
+        )
+        self._meter.label = "before"  # type: ignore[union-attr]
+
+    def _skip(self, group: str, reason: str) -> None:
+        self._skipped.append(Skipped(group, reason))
+        rank_zero_warn(f"PipeOpt: not tuning the {group}: {reason}.")
+
+    def _say(self, line: str) -> None:
+        (self._console or Console()).print(f"[bold]pipeopt[/bold] {line}", highlight=False)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -168,6 +217,8 @@ class PipeOpt(Callback):
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self._timer is not None:
             self._timer.interrupted()
+        if self._switcher is not None:
+            self._switcher.end_of_epoch()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._step_at_batch_start = trainer.global_step
@@ -175,9 +226,13 @@ class PipeOpt(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._timer is not None:
             self._timer.batch_ended(batch_size(batch), trainer.global_step > self._step_at_batch_start)
+        if self._session is not None:
+            self._session.on_step_end()
 
     def _on_window(self, stats: WindowStats) -> None:
         self.windows.append(stats)
+        if self._session is not None:
+            self._session.on_window(stats)
         trainer = self._trainer
         if trainer is not None and trainer.is_global_zero:
             metrics = window_metrics(stats)
@@ -207,8 +262,7 @@ class PipeOpt(Callback):
 
     def _build_report(self) -> Report:
         windows = self.windows
-        before = windows[0] if windows else None
-        after = windows[-1] if len(windows) > 1 else None
+        session = self._session
         notes = []
         if self._timer is not None and self._timer.dropped_partial:
             notes.append(f"{self._timer.dropped_partial} accumulation group(s) cut short by validation or an epoch "
@@ -216,8 +270,26 @@ class PipeOpt(Callback):
         if windows and all(w.wait_s == 0.0 for w in windows):
             notes.append("no data fetch was timed: this Lightning version or a custom data fetcher hides the "
                          "train loader's `next()`; data wait shows 0")
+        if session is None:
+            before = windows[0] if windows else None
+            after = windows[-1] if len(windows) > 1 else None
+            extra: dict[str, Any] = {}
+        else:
+            before, after = session.before, session.after
+            if after is None and session.state == "done" and windows and windows[-1] is not before:
+                after = windows[-1]  # nothing changed: the run's last window, measured after tuning ended
+            if session.state not in ("done",) and session.before is not None:
+                notes.append(f"the fit ended before loader tuning finished (it was in its {session.state} phase); "
+                             f"the run ended with {self._switcher.current.describe()}")  # type: ignore[union-attr]
+            notes.extend(session.notes)
+            extra = dict(
+                changes=list(session.changes),
+                trials=session.report_trials(),
+                suggestions=[session.suggestion] if session.suggestion else [],
+                predicted=session.predicted_speedup,
+            )
         return Report(
-            mode="observe" if self.config.observe_only or not (self.config.tune & IMPLEMENTED_GROUPS) else "tune",
+            mode="tune" if session is not None else "observe",
             environment=self._env,  # type: ignore[arg-type]
             before=before,
             after=after,
@@ -226,8 +298,22 @@ class PipeOpt(Callback):
             notes=notes,
             timeline=list(windows),
             steps_measured=self._meter.steps_seen if self._meter else 0,
+            **extra,
         )
 
     @property
     def state_key(self) -> str:
         return "PipeOpt"
+
+
+def _more_epochs_ahead(trainer: Any) -> bool:
+    """Whether the fit will cross at least one more epoch boundary (so worker start-up would recur)."""
+    max_epochs = trainer.max_epochs
+    if max_epochs not in (None, -1) and trainer.current_epoch + 1 >= max_epochs:
+        return False
+    max_steps = trainer.max_steps
+    per_epoch = trainer.num_training_batches
+    if max_steps in (None, -1) or per_epoch in (None, float("inf")):
+        return True
+    accumulate = max(1, trainer.accumulate_grad_batches)
+    return max_steps - trainer.global_step > per_epoch / accumulate

@@ -50,3 +50,15 @@ class CpuMeter:
         if wall <= 0:
             return None
         return 100.0 * (b.main_s - a.main_s) / wall, 100.0 * max(0.0, b.workers_s - a.workers_s) / wall
+
+
+def worker_private_memory(process: psutil.Process | None = None) -> int | None:
+    """Mean private memory (RSS minus shared pages) of the process's live children; None without children."""
+    sizes = []
+    for child in (process or psutil.Process()).children(recursive=True):
+        try:
+            info = child.memory_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        sizes.append(max(0, info.rss - getattr(info, "shared", 0)))
+    return int(sum(sizes) / len(sizes)) if sizes else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,10 @@ from pipeopt.measure.steps import StepRecord
 class WindowStats:
     """Measured figures of one window. Times are seconds per optimizer step (means over the window).
 
+    ``rate_rel_se`` is the relative standard error of the window's mean step time, from the means of (up to)
+    five consecutive blocks of steps: loaders with several workers deliver in bursts, so single steps are not
+    independent, blocks are closer to it.
+
     ``busy_frac`` is compute time over total time: the share of the step the accelerator (or, on CPU, the
     training process) spent in forward/backward/optimizer. On CUDA ``compute`` and ``transfer`` are device
     times from CUDA events and may overlap the host's ``wait``, so the fractions need not add up to 1.
@@ -29,6 +34,7 @@ class WindowStats:
     duration_s: float
     step_time_s: float
     step_time_std_s: float
+    rate_rel_se: float
     wait_s: float
     transfer_s: float
     compute_s: float
@@ -84,6 +90,7 @@ def summarize(
         duration_s=duration,
         step_time_s=duration / n,
         step_time_std_s=statistics.pstdev(totals) if n > 1 else 0.0,
+        rate_rel_se=_block_rel_se(totals),
         wait_s=wait / n,
         transfer_s=transfer / n,
         compute_s=compute / n,
@@ -94,6 +101,17 @@ def summarize(
         busy_frac=compute / safe,
         resources=resources,
     )
+
+
+def _block_rel_se(totals: Sequence[float], blocks: int = 5) -> float:
+    n = len(totals)
+    if n < 2:
+        return 0.0
+    k = min(blocks, n)
+    edges = [round(i * n / k) for i in range(k + 1)]
+    means = [sum(totals[a:b]) / (b - a) for a, b in zip(edges, edges[1:])]
+    mean = sum(totals) / n
+    return statistics.stdev(means) / math.sqrt(k) / mean if mean > 0 else 0.0
 
 
 class WindowMeter:
@@ -120,6 +138,8 @@ class WindowMeter:
         self._seen = 0
         self._windows = 0
         self._mark: Any = None
+        self._skip = 0
+        self._length = window
         self.label = "observe"
 
     @property
@@ -137,10 +157,15 @@ class WindowMeter:
             if self._seen == self.warmup:
                 self._mark = self._probe.begin()
             return
+        if self._skip > 0:
+            self._skip -= 1
+            if self._skip == 0:
+                self._mark = self._probe.begin()
+            return
         if self._mark is None:
             self._mark = self._probe.begin()
         self._steps.append(record)
-        if len(self._steps) >= self.window:
+        if len(self._steps) >= self._length:
             self.compute()
 
     def compute(self) -> WindowStats | None:
@@ -161,8 +186,12 @@ class WindowMeter:
         self._on_window(stats)
         return stats
 
-    def reset(self, label: str | None = None) -> None:
+    def reset(self, label: str | None = None, skip: int = 0, length: int | None = None) -> None:
+        """Drop the unfinished window; ignore the next ``skip`` steps (a configuration change settling), and
+        make windows ``length`` steps long from now on (default: ``window``)."""
         self._steps = []
-        self._mark = self._probe.begin() if self._seen >= self.warmup else None
+        self._skip = skip
+        self._length = max(self.window, length or 0)
+        self._mark = self._probe.begin() if self._seen >= self.warmup and skip == 0 else None
         if label is not None:
             self.label = label

@@ -62,21 +62,31 @@ def render(report: Report) -> Group:
         change = f"{b / a:.2f}x" if a and b and label in ("samples/s", "steps/s") else ""
         table.add_row(label, _cell(before, get, fmt), _cell(after, get, fmt), change)
 
+    parts: list[object] = [table]
+    if report.trials:
+        parts.append(_trials_table(report))
     lines = Text()
     if report.verdict:
         v = report.verdict
         lines.append(f"Verdict: {v.kind}", style="bold")
         lines.append(f" - {v.reason}.\n")
-        lines.append(f"Predicted speedup if input were free: {v.predicted_speedup:.2f}x (from the first window)\n")
+        lines.append(f"Predicted speedup if input were free: {v.predicted_speedup:.2f}x (from the before window)\n")
     else:
         lines.append("Verdict: not enough steps were measured for a window "
                      f"({report.steps_measured} steps seen).\n")
+    if report.predicted is not None:
+        lines.append(f"Predicted speedup of the change (from its trial): {report.predicted:.2f}x\n")
     if report.measured_speedup is not None:
-        lines.append(f"Measured speedup (last over first window): {report.measured_speedup:.2f}x\n")
+        what = "after over before" if report.mode == "tune" else "last over first window"
+        lines.append(f"Measured speedup ({what}): {report.measured_speedup:.2f}x\n")
     for change in report.changes:
         lines.append(f"Changed {change.knob}: {change.before!r} -> {change.after!r} ({change.reason})\n")
+    for code in report.suggestions:
+        lines.append(f"To keep it without pipeopt: {code}\n", style="bold")
     if report.mode == "observe":
         lines.append("Nothing was changed (observe only).\n")
+    elif not report.changes:
+        lines.append("Nothing was changed.\n")
     for skipped in report.skipped:
         lines.append(f"Skipped {skipped.group}: {skipped.reason}\n")
     for note in report.notes:
@@ -90,7 +100,24 @@ def render(report: Report) -> Group:
         f"{env.device_name} ({env.accelerator} x{env.device_count}, world size {env.world_size}), "
         f"{env.cpu_count} CPUs, torch {env.torch}, pipeopt {env.pipeopt}"
     )
-    return Group(table, Panel(lines, expand=False))
+    parts.append(Panel(lines, expand=False))
+    return Group(*parts)
+
+
+def _trials_table(report: Report) -> Table:
+    table = Table(title="loader trials (on the live run)", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("settings")
+    table.add_column("samples/s", justify="right")
+    table.add_column("data wait", justify="right")
+    table.add_column("status")
+    for i, trial in enumerate(report.trials):
+        settings = _settings_text(trial.settings)
+        rate = "-" if trial.samples_per_s is None else f"{trial.samples_per_s:,.1f}"
+        wait = "-" if trial.data_wait_frac is None else _pct(trial.data_wait_frac)
+        status = trial.status if trial.error is None else f"{trial.status}: {trial.error}"
+        table.add_row("before" if i == 0 else str(i), settings, rate, wait, status)
+    return table
 
 
 def _label(window: WindowStats | None, name: str) -> str:
@@ -101,3 +128,18 @@ def _label(window: WindowStats | None, name: str) -> str:
 
 def print_report(report: Report, console: Console | None = None) -> None:
     (console or Console()).print(render(report))
+
+
+def _settings_text(settings: dict[str, object]) -> str:
+    """Loader settings in a few words: "4 workers, prefetch 2, persistent, pinned"."""
+    workers = settings.get("num_workers")
+    parts = [f"{workers} worker{'s' if workers != 1 else ''}" if workers else "main process"]
+    if workers and settings.get("prefetch_factor") is not None:
+        parts.append(f"prefetch {settings['prefetch_factor']}")
+    if settings.get("persistent_workers"):
+        parts.append("persistent")
+    if settings.get("pin_memory"):
+        parts.append("pinned")
+    parts += [f"{k}={v}" for k, v in settings.items()
+              if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")]
+    return ", ".join(parts)

@@ -85,12 +85,17 @@ class Report:
     trials: list[Trial] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)  # code the user can paste to keep the changes
+    predicted: float | None = None  # a tuner's predicted speedup of its change (from its trial)
     timeline: list[WindowStats] = field(default_factory=list)
     steps_measured: int = 0
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     @property
     def predicted_speedup(self) -> float | None:
+        """The tuner's prediction for its change when something changed; else the verdict's input-free bound."""
+        if self.predicted is not None:
+            return self.predicted
         return self.verdict.predicted_speedup if self.verdict else None
 
     @property
@@ -112,6 +117,7 @@ class Report:
             "trials": [asdict(t) for t in self.trials],
             "skipped": [asdict(s) for s in self.skipped],
             "notes": list(self.notes),
+            "suggestions": list(self.suggestions),
             "steps_measured": self.steps_measured,
             "timeline": [w.to_dict() for w in thin(self.timeline)],
         }
@@ -136,6 +142,8 @@ class Report:
             trials=[Trial(**t) for t in data["trials"]],
             skipped=[Skipped(**s) for s in data["skipped"]],
             notes=list(data["notes"]),
+            suggestions=list(data["suggestions"]),
+            predicted=data["predicted_speedup"] if data["changes"] else None,
             timeline=[WindowStats.from_dict(w) for w in data["timeline"]],
             steps_measured=data["steps_measured"],
             created=data["created"],

@@ -67,3 +67,14 @@ def test_roundtrip_to_dict():
     from pipeopt.measure.window import WindowStats
 
     assert WindowStats.from_dict(w.to_dict()) == w
+
+
+def test_reset_can_skip_steps_that_are_settling():
+    windows = []
+    meter = WindowMeter(window=2, warmup=0, clock=HostClock(), probe=NullProbe(), on_window=windows.append)
+    meter.reset(label="trial", skip=3)
+    for i in range(3):
+        meter.update(record(float(i), total=50.0))  # the old loader's batches and the new workers' start-up
+    meter.update(record(3.0))
+    meter.update(record(4.0))
+    assert [(w.label, w.first_step, w.step_time_s) for w in windows] == [("trial", 3, pytest.approx(0.5))]

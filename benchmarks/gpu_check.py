@@ -1,0 +1,177 @@
+"""Every check that needs an NVIDIA GPU, in one script (about 2 minutes on one H200-class GPU; limit 8).
+
+    python benchmarks/gpu_check.py [--out benchmarks/results]
+
+Writes ``gpu-foundation.json`` (CUDA timing correctness, NVML sampling, observation overhead) into ``--out``.
+Later sections (mixed precision, DALI) add their own ``gpu-*.json``. On a machine without CUDA it says so and
+exits 0 without writing anything, so it is safe to run anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from rich.console import Console
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeopt import PipeOpt  # noqa: E402
+from pipeopt.measure.nvml import SAMPLED  # noqa: E402
+
+
+def calibrate_sleep_cycles(target_s: float) -> int:
+    """Cycles for ``torch.cuda._sleep`` to keep the GPU busy for about ``target_s``."""
+    cycles = 1_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    per_cycle = start.elapsed_time(end) / 1e3 / cycles
+    return int(target_s / per_cycle)
+
+
+class Instant(Dataset):
+    def __init__(self, n: int = 100_000, delay_s: float = 0.0) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return torch.zeros(8)
+
+
+class KnownDeviceTime(pl.LightningModule):
+    """Each step keeps the GPU busy for a calibrated time, launched asynchronously (the host returns at once)."""
+
+    def __init__(self, cycles: int) -> None:
+        super().__init__()
+        self.cycles = cycles
+        self.layer = nn.Linear(8, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        torch.cuda._sleep(self.cycles)
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class BigMLP(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 8192), nn.GELU(), nn.Linear(8192, 10))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def fit(model: pl.LightningModule, loader: DataLoader, steps: int, callbacks: list) -> float:
+    trainer = pl.Trainer(accelerator="cuda", devices=1, max_steps=steps, callbacks=callbacks, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    trainer.fit(model, loader)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def observer(**kwargs: Any) -> PipeOpt:
+    return PipeOpt(tune=(), report_dir=None, console=Console(file=io.StringIO()), **kwargs)
+
+
+def check_timing() -> dict[str, Any]:
+    target = 0.020
+    cycles = calibrate_sleep_cycles(target)
+    cb = observer(window=20, warmup=5)
+    wall = fit(KnownDeviceTime(cycles), DataLoader(Instant(), batch_size=16), 60, [cb])
+    w = cb.report.after or cb.report.before
+    return {
+        "device_time_per_step_s_target": target,
+        "pipeopt_compute_s": w.compute_s,
+        "pipeopt_step_time_s": w.step_time_s,
+        "pipeopt_busy_frac": w.busy_frac,
+        "pipeopt_data_wait_frac": w.data_wait_frac,
+        "compute_within_10pct_of_target": abs(w.compute_s - target) / target < 0.10,
+        "wall_s": wall,
+        "nvml_status": w.resources.gpu_status,
+        "gpu_util_pct": w.resources.gpu_util_pct,
+        "gpu_mem_used_bytes": w.resources.gpu_mem_used_bytes,
+        "gpu_power_w": w.resources.gpu_power_w,
+        "peak_mem_bytes": w.resources.peak_mem_bytes,
+        "nvml_sampled": w.resources.gpu_status == SAMPLED and w.resources.gpu_util_pct is not None,
+    }
+
+
+def check_input_bound() -> dict[str, Any]:
+    cycles = calibrate_sleep_cycles(0.002)
+    cb = observer(window=10, warmup=3)
+    fit(KnownDeviceTime(cycles), DataLoader(Instant(delay_s=0.002), batch_size=8), 30, [cb])
+    w = cb.report.before
+    return {"data_wait_frac": w.data_wait_frac, "busy_frac": w.busy_frac, "verdict": cb.report.verdict.kind,
+            "predicted_speedup": cb.report.verdict.predicted_speedup}
+
+
+def check_overhead(pairs: int = 4) -> dict[str, Any]:
+    x = torch.randn(8192, 4096)
+    y = torch.randint(0, 10, (8192,))
+    data = torch.utils.data.TensorDataset(x, y)
+    plain, observed = [], []
+    for r in range(pairs):
+        for observe in ((False, True) if r % 2 == 0 else (True, False)):
+            pl.seed_everything(0, verbose=False)
+            callbacks = [observer(window=20, warmup=5)] if observe else []
+            wall = fit(BigMLP(), DataLoader(data, batch_size=512, pin_memory=True), 80, callbacks)
+            (observed if observe else plain).append(wall)
+    ratio = statistics.median(plain) / statistics.median(observed)
+    return {"plain_wall_s": plain, "observed_wall_s": observed, "observed_over_plain_throughput": ratio,
+            "overhead_pct": 100 * (1 - ratio)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; nothing to check (run it where a GPU is available).")
+        return 0
+    warnings.filterwarnings("ignore")
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    started = time.perf_counter()
+    figures = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "timing": check_timing(),
+        "input_bound": check_input_bound(),
+        "overhead": check_overhead(),
+    }
+    figures["elapsed_s"] = time.perf_counter() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "gpu-foundation.json"
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""One epoch's batches from a chain of loaders: what the old one dispatched, then the new one, surviving failures."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pipeopt import _compat
+from pipeopt.apply.index_stream import IndexStream
+
+
+@dataclass
+class _Source:
+    iterator: Iterator[Any]
+    loader: Any  # the DataLoader it came from
+    tracked: bool  # its batches were dispatched from the shared IndexStream (so it is pipeopt's)
+
+
+class Handover(Iterator[Any]):
+    """Replaces the running epoch's loader iterator.
+
+    Sources are read in order; each one's index supply is cut before the next is added, so a source delivers
+    exactly what it was given and stops. When one of pipeopt's sources fails in the DataLoader machinery (a
+    worker died, hung past the timeout, ran out of shared memory), its undelivered batches go back into the
+    stream and ``fallback(error)`` supplies a loader iterator that continues with them: no batch is lost or
+    repeated. Anything else - an exception from the user's dataset included - propagates unchanged.
+    """
+
+    def __init__(self, stream: IndexStream, first: Iterator[Any], first_loader: Any,
+                 fallback: Callable[[BaseException], tuple[Iterator[Any], Any]]) -> None:
+        self.stream = stream
+        self._fallback = fallback
+        self._sources: collections.deque[_Source] = collections.deque([_Source(first, first_loader, tracked=False)])
+        self.failures: list[BaseException] = []
+
+    def add(self, iterator: Iterator[Any], loader: Any) -> None:
+        """Continue with ``iterator`` (fed from ``self.stream``) once the current sources are drained."""
+        self._cut_tail()
+        self._sources.append(_Source(iterator, loader, tracked=True))
+
+    def _cut_tail(self) -> None:
+        tail = self._sources[-1]
+        if tail.tracked:
+            _compat.take_index_stream(tail.iterator)
+
+    @property
+    def current(self) -> tuple[Iterator[Any], Any]:
+        tail = self._sources[-1]
+        return tail.iterator, tail.loader
+
+    def __iter__(self) -> Handover:
+        return self
+
+    def __next__(self) -> Any:
+        while self._sources:
+            source = self._sources[0]
+            try:
+                batch = next(source.iterator)
+            except StopIteration:
+                if len(self._sources) == 1:
+                    raise
+                self._sources.popleft()
+                self._release(source)
+                continue
+            except RuntimeError as err:
+                if not (source.tracked and _compat.is_worker_failure(err)):
+                    raise
+                self._recover(err)
+                continue
+            if source.tracked:
+                self.stream.delivered()
+            return batch
+        raise StopIteration
+
+    def _recover(self, err: BaseException) -> None:
+        self.failures.append(err)
+        for source in [s for s in self._sources if s.tracked]:
+            self._sources.remove(source)
+            self._release(source)
+        self.stream.recover()
+        iterator, loader = self._fallback(err)
+        self._sources.append(_Source(iterator, loader, tracked=True))
+
+    @staticmethod
+    def _release(source: _Source) -> None:
+        _compat.shutdown_iterator(source.iterator)
+        _compat.forget_cached_iterator(source.loader, source.iterator)
+
+    def close(self, keep: Any = None) -> None:
+        """Shut down every source's workers, except the iterator ``keep`` (still in use by the next epoch)."""
+        while self._sources:
+            source = self._sources.popleft()
+            if source.iterator is not keep:
+                self._release(source)

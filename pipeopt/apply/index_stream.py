@@ -1,0 +1,107 @@
+"""The epoch's stream of sample indices, kept in the main process and handed from one loader to the next.
+
+A DataLoader's order is decided in the main process: its (batch) sampler yields index batches, workers only
+turn indices into samples. Handing the *same* index iterator to a new loader therefore continues the epoch
+exactly where it was - same samples, same order, each once - whatever the new loader's worker settings.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+
+class IndexStream(Iterator[Any]):
+    """Index batches handed out once each. Those handed to a loader whose workers then failed (dispatched, never
+    delivered) are handed out again, first and in order, by ``recover()``."""
+
+    def __init__(self, source: Iterable[Any]) -> None:
+        self._source = iter(source)
+        self._returned: collections.deque[Any] = collections.deque()
+        self._in_flight: collections.deque[Any] = collections.deque()
+
+    def __iter__(self) -> IndexStream:
+        return self
+
+    def __next__(self) -> Any:
+        item = self._returned.popleft() if self._returned else next(self._source)
+        self._in_flight.append(item)
+        return item
+
+    def delivered(self) -> None:
+        """The oldest dispatched batch reached the training loop (loaders deliver in dispatch order)."""
+        self._in_flight.popleft()
+
+    def recover(self) -> int:
+        """Put every dispatched-but-undelivered batch back in front of the stream; returns how many."""
+        n = len(self._in_flight)
+        self._returned.extendleft(reversed(self._in_flight))
+        self._in_flight.clear()
+        return n
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+
+class ResumingSampler:
+    """A loader's (batch) sampler that first finishes an epoch already under way, then is the user's sampler.
+
+    ``before_epoch`` runs at the start of every later epoch: it makes the random draw the user's own loader
+    would have made when creating its iterator, so the user's RNG stream is the same as without pipeopt.
+    """
+
+    def __init__(self, inner: Any, first: Iterator[Any] | None, before_epoch: Callable[[], None] | None) -> None:
+        self.inner = inner
+        self._first = first
+        self._before_epoch = before_epoch
+
+    @property
+    def sampler(self) -> Any:
+        """The user's sampler, where Lightning looks for ``set_epoch`` (a ``DistributedSampler`` included)."""
+        return getattr(self.inner, "sampler", self.inner)
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.inner, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        # Lazy: DataLoader iterators call iter() on their sampler more than once while starting and discard
+        # all but the last result, so nothing may happen until the first index is asked for.
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Any]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield from first
+            return
+        if self._before_epoch is not None:
+            self._before_epoch()
+        yield from self.inner
+
+
+def peek_seed(generator: torch.Generator | None) -> int:
+    """The next int64 the generator (the global one when None) would give, without advancing it."""
+    if generator is None:
+        state = torch.get_rng_state()
+        try:
+            return int(torch.empty((), dtype=torch.int64).random_().item())
+        finally:
+            torch.set_rng_state(state)
+    state = generator.get_state()
+    try:
+        return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    finally:
+        generator.set_state(state)
+
+
+def draw_seed(generator: torch.Generator | None) -> int:
+    """Draw an int64 exactly as a DataLoader iterator draws its workers' base seed."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())

@@ -1,0 +1,178 @@
+"""Putting DataLoader settings into effect on a running fit, mid-epoch, without changing what the model sees.
+
+``LoaderSwitcher.switch(settings)``:
+1. detaches the running epoch's index stream from the live loader iterator (it delivers what it already
+   dispatched, then stops),
+2. builds a ``torch.utils.data.DataLoader`` with the user's dataset, collate function, worker init, ... and the
+   new settings, whose sampler first continues that stream and, from the next epoch on, is the user's own
+   (batch) sampler object - a ``DistributedSampler`` included,
+3. installs it: the live epoch continues through a ``Handover`` iterator; later epochs use the new loader.
+
+The user's torch RNG stream is left as it would be without pipeopt: iterators pipeopt starts draw from a
+private generator (seeded from a peek at the user's), and at each later epoch the sampler makes the one draw
+the user's own loader would have made creating its iterator.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from pipeopt import _compat
+from pipeopt.apply.handover import Handover
+from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, peek_seed
+from pipeopt.tuning.loader_search import LoaderSettings
+
+_INIT_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
+
+
+def unsupported(loader: Any) -> str | None:
+    """Why pipeopt cannot switch this loader mid-epoch (None when it can)."""
+    if type(loader) is not DataLoader:
+        return (f"the train loader is a {type(loader).__name__}, not a torch.utils.data.DataLoader; pipeopt "
+                "rebuilds only plain DataLoaders")
+    if isinstance(loader.dataset, IterableDataset):
+        return "the dataset is an IterableDataset: it has no sampler position to hand over mid-epoch"
+    if not getattr(loader, "in_order", True):
+        return "the loader uses in_order=False: batches arrive out of order, so no handover can keep the order"
+    return None
+
+
+def build_loader(
+    user: DataLoader,
+    settings: LoaderSettings,
+    *,
+    first: Iterator[Any] | None,
+    before_epoch: Callable[[], None] | None,
+    generator: torch.Generator,
+    timeout: float | None = None,
+) -> DataLoader:
+    """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs."""
+    workers = settings.num_workers
+    kwargs: dict[str, Any] = {
+        "dataset": user.dataset,
+        "num_workers": workers,
+        "collate_fn": user.collate_fn,
+        "pin_memory": settings.pin_memory,
+        "timeout": user.timeout if timeout is None else timeout,
+        "worker_init_fn": user.worker_init_fn,
+        "generator": generator,
+        "prefetch_factor": settings.prefetch_factor if workers > 0 else None,
+        "persistent_workers": settings.persistent_workers and workers > 0,
+        "pin_memory_device": getattr(user, "pin_memory_device", ""),
+        "in_order": getattr(user, "in_order", True),
+    }
+    if workers > 0 and user.multiprocessing_context is not None:
+        kwargs["multiprocessing_context"] = user.multiprocessing_context
+    if user.batch_sampler is not None:
+        kwargs["batch_sampler"] = ResumingSampler(user.batch_sampler, first, before_epoch)
+    else:  # no automatic batching: the sampler yields single indices
+        kwargs["sampler"] = ResumingSampler(user.sampler, first, before_epoch)
+        kwargs["batch_size"] = None
+    return DataLoader(**{k: v for k, v in kwargs.items() if k in _INIT_PARAMS})
+
+
+class LoaderSwitcher:
+    """Switches the running fit's train loader between settings, and back to the user's."""
+
+    def __init__(self, trainer: Any) -> None:
+        combined = _compat.train_combined_loader(trainer)
+        if combined is None or len(combined.flattened) != 1:
+            raise ValueError("loader switching needs exactly one train loader")
+        self._trainer = trainer
+        self._combined = combined
+        self.user: DataLoader = combined.flattened[0]
+        self.user_settings = LoaderSettings.of(self.user)
+        self._generator = torch.Generator().manual_seed(peek_seed(self.user.generator))
+        self.fallback = self.user_settings
+        self.handover: Handover | None = None
+        self.current = self.user_settings
+        self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
+
+    # -- the user's RNG ----------------------------------------------------------------------------------
+    def _mirror_user_draw(self) -> None:
+        """The base-seed draw the user's loader makes per iterator (only once when its workers persist)."""
+        value = draw_seed(self.user.generator)
+        self._generator.manual_seed(value)
+
+    def _before_epoch(self) -> Callable[[], None] | None:
+        persists = self.user.persistent_workers and self.user.num_workers > 0
+        return None if persists else self._mirror_user_draw
+
+    # -- switching -----------------------------------------------------------------------------------------
+    def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], DataLoader]:
+        loader = build_loader(self.user, settings, first=stream, before_epoch=self._before_epoch(),
+                              generator=self._generator, timeout=timeout)
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # torch warns when workers outnumber CPUs; trials do that on purpose (storage-bound workers mostly
+            # wait) and the measurement decides.
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+            iterator = iter(loader)
+        _compat.detach_worker_watch(iterator)
+        return iterator, loader
+
+    def _live_handover(self) -> Handover:
+        live = _compat.live_train_iterators(self._trainer)
+        if live is None or len(live) != 1:
+            raise RuntimeError("no running train epoch to switch")
+        if isinstance(live[0], Handover) and live[0] is self.handover:
+            return live[0]
+        if self.handover is not None:  # a new epoch began: the previous epoch's sources are done
+            self.handover.close(keep=live[0])
+        stream = IndexStream(_compat.take_index_stream(live[0]))
+        self.handover = Handover(stream, live[0], self._installed(), self._on_failure)
+        live[0] = self.handover
+        return self.handover
+
+    def _installed(self) -> DataLoader:
+        return self._combined.flattened[0]
+
+    def _on_failure(self, err: BaseException) -> tuple[Iterator[Any], DataLoader]:
+        """A trial's workers failed mid-epoch: continue the same stream with the last good settings."""
+        if self.handover is None:
+            raise RuntimeError("pipeopt: a loader failure was reported outside a handover") from err
+        self.failed = err
+        iterator, loader = self._start(self.fallback, self.handover.stream, timeout=None)
+        _compat.attach_worker_watch(iterator)
+        self._combined.flattened = [loader]
+        self.current = self.fallback
+        return iterator, loader
+
+    def switch(self, settings: LoaderSettings, *, timeout_s: float | None = None) -> None:
+        """Continue the running epoch with ``settings`` (and use them for later epochs)."""
+        handover = self._live_handover()
+        self.fallback = self.current  # known to work: the run is using it
+        iterator, loader = self._start(settings, handover.stream, timeout_s)
+        handover.add(iterator, loader)
+        self._combined.flattened = [loader]
+        self.current = settings
+
+    def settle(self) -> None:
+        """The current settings are kept: the user's fetch timeout and torch's worker watch apply again."""
+        if self.handover is not None:
+            iterator, _ = self.handover.current
+            _compat.set_fetch_timeout(iterator, self.user.timeout)
+            _compat.attach_worker_watch(iterator)
+
+    def restore_user(self) -> None:
+        """Back to the user's settings now, and the user's own loader object from the next epoch on."""
+        self.switch(self.user_settings)
+        self.settle()
+        self._combined.flattened = [self.user]
+
+    def end_of_epoch(self) -> None:
+        """The epoch is over: stop the workers of its handover, except those the installed loader reuses."""
+        if self.handover is not None:
+            self.handover.close(keep=_compat.cached_iterator(self._installed()))
+            self.handover = None
+
+    def close(self) -> None:
+        """End of fit: stop every worker pipeopt started."""
+        if self.handover is not None:
+            self.handover.close()
+            self.handover = None

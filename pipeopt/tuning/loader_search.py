@@ -1,0 +1,232 @@
+"""Which DataLoader settings to try next, and which win - decided from windows measured on the live run.
+
+The search (a plan, fed one measured trial at a time):
+1. Compute-bound (data wait below 10 %): stop; more workers would only take CPU from the step.
+2. Grow ``num_workers`` geometrically (0 -> 1 -> 2 -> 4 ...) while each step is faster than the best so far
+   beyond noise, until the data wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
+   one worker per CPU this rank may use always fits; beyond that the measured CPU per worker times the count
+   must fit those CPUs (workers that mostly wait on storage use little CPU and may outnumber the cores), and
+   their measured private memory must fit the memory available.
+3. Refine: the midpoints between the best count and its tried neighbours.
+4. The choice: the cheapest setting (fewest workers) within noise of the fastest.
+5. Extras on the choice, each kept only if faster beyond noise: ``prefetch_factor=4`` when some wait remains;
+   ``pin_memory=True`` on CUDA when transfers take time. ``persistent_workers`` is set where workers would
+   otherwise restart at every remaining epoch boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster, within_noise
+
+#: Below this data-wait fraction the run is compute-bound: no search.
+COMPUTE_BOUND_WAIT = 0.10
+#: Below this data-wait fraction after a change, the input pipeline no longer limits the step.
+INPUT_SOLVED_WAIT = 0.05
+#: Never more workers than this, whatever the budget says.
+MAX_WORKERS = 64
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    num_workers: int
+    prefetch_factor: int | None
+    persistent_workers: bool
+    pin_memory: bool
+
+    @classmethod
+    def of(cls, loader: Any) -> LoaderSettings:
+        workers = int(loader.num_workers)
+        return cls(
+            num_workers=workers,
+            prefetch_factor=loader.prefetch_factor if workers > 0 else None,
+            persistent_workers=bool(loader.persistent_workers),
+            pin_memory=bool(loader.pin_memory),
+        )
+
+    def with_workers(self, n: int, *, persistent: bool) -> LoaderSettings:
+        return dataclasses.replace(
+            self,
+            num_workers=n,
+            prefetch_factor=(self.prefetch_factor or 2) if n > 0 else None,
+            persistent_workers=persistent and n > 0,
+        )
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        parts = [f"num_workers={self.num_workers}"]
+        if self.num_workers > 0:
+            parts += [f"prefetch_factor={self.prefetch_factor}", f"persistent_workers={self.persistent_workers}"]
+        parts.append(f"pin_memory={self.pin_memory}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A measured candidate. ``rate`` is None when it failed (``error`` says how)."""
+
+    settings: LoaderSettings
+    rate: Rate | None
+    data_wait_frac: float | None = None
+    transfer_frac: float | None = None
+    cpu_main_pct: float | None = None
+    cpu_workers_pct: float | None = None
+    worker_mem_bytes: int | None = None  # private memory of one worker
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.rate is not None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What this rank may spend on workers."""
+
+    cpus: int  # CPUs this rank may use (its share of the node)
+    memory_bytes: int | None = None  # memory workers may take; None: unknown
+    cuda: bool = False
+    more_epochs: bool = False  # the fit will cross at least one more epoch boundary
+    may_change_workers: bool = True
+
+
+class LoaderSearch:
+    """A plan of candidates. ``propose()`` gives the next (None when done); ``record()`` feeds its measurement."""
+
+    def __init__(self, baseline: Trial, budget: Budget, *, floor: float = DEFAULT_FLOOR) -> None:
+        if baseline.rate is None:
+            raise ValueError("the baseline must be a measured trial")
+        self.baseline = baseline
+        self.budget = budget
+        self.floor = floor
+        self.trials: list[Trial] = [baseline]
+        self.stop_reason: str | None = None
+        self._plan = self._steps()
+        self._waiting = False
+
+    # -- protocol -----------------------------------------------------------------------------------------
+    def propose(self) -> LoaderSettings | None:
+        if self._waiting:
+            raise RuntimeError("record() the last proposal before asking for another")
+        candidate = next(self._plan, None)
+        self._waiting = candidate is not None
+        return candidate
+
+    def record(self, trial: Trial) -> None:
+        self.trials.append(trial)
+        self._waiting = False
+
+    def choice(self) -> Trial:
+        """The cheapest measured setting within noise of the fastest (the baseline if nothing beat it)."""
+        ok = [t for t in self.trials if t.ok]
+        fastest = max(ok, key=lambda t: t.rate.value)  # type: ignore[union-attr]
+        near = [t for t in ok if within_noise(t.rate, fastest.rate, self.floor)]  # type: ignore[arg-type]
+        def cost(t: Trial) -> tuple:
+            s = t.settings
+            return (s.num_workers, s.prefetch_factor or 0, s.pin_memory, -t.rate.value)  # type: ignore[union-attr]
+
+        return min(near, key=cost)
+
+    # -- the plan ---------------------------------------------------------------------------------------
+    def _tried(self, settings: LoaderSettings) -> Trial | None:
+        return next((t for t in self.trials if t.settings == settings), None)
+
+    def _steps(self) -> Iterator[LoaderSettings]:
+        base = self.baseline
+        if (base.data_wait_frac or 0.0) < COMPUTE_BOUND_WAIT:
+            self.stop_reason = (f"compute-bound: the loop waited for data {base.data_wait_frac or 0:.0%} of each "
+                                "step; more workers would only take CPU from the step")
+            return
+        if self.budget.may_change_workers:
+            yield from self._grow()
+            yield from self._refine()
+        else:
+            self.stop_reason = "num_workers left as is (see the report's notes)"
+        yield from self._extras()
+
+    def _persistent(self) -> bool:
+        return self.budget.more_epochs or self.baseline.settings.persistent_workers
+
+    def _fits(self, n: int) -> bool:
+        """Up to one worker per CPU always fits; beyond, the measured CPU per worker must fit the rank's CPUs."""
+        if n > MAX_WORKERS:
+            return False
+        if n <= self.budget.cpus:
+            return True
+        measured = [t for t in self.trials if t.ok and t.settings.num_workers > 0 and t.cpu_workers_pct is not None]
+        if not measured:
+            return False
+        last = measured[-1]
+        per_worker = max(last.cpu_workers_pct / last.settings.num_workers, 0.1)  # type: ignore[operator]
+        if n * per_worker > 100.0 * self.budget.cpus:
+            self.stop_reason = (f"{n} workers would need about {n * per_worker:.0f} % CPU (measured {per_worker:.0f} % "
+                                f"per worker); this rank may use {self.budget.cpus} CPUs")
+            return False
+        mem = last.worker_mem_bytes
+        if mem and self.budget.memory_bytes is not None and n * mem > self.budget.memory_bytes:
+            self.stop_reason = f"{n} workers would need {n * mem / 2**30:.1f} GiB of memory"
+            return False
+        return True
+
+    def _grow(self) -> Iterator[LoaderSettings]:
+        """Double the workers while it pays. One count that does not beat the best is forgiven - from the main
+        process, a single worker only overlaps loading with the step and often ties; two in a row end it."""
+        best = self.baseline
+        n = max(1, 2 * best.settings.num_workers)
+        misses = 0
+        while True:
+            if not self._fits(n):
+                if self.stop_reason is None:
+                    self.stop_reason = f"{n} workers exceed the budget ({self.budget.cpus} CPUs, cap {MAX_WORKERS})"
+                return
+            yield self.baseline.settings.with_workers(n, persistent=self._persistent())
+            trial = self.trials[-1]
+            if not trial.ok:
+                self.stop_reason = f"{_workers(n)} failed: {trial.error}"
+                return
+            if faster(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
+                best, misses = trial, 0
+                if (trial.data_wait_frac or 0.0) < INPUT_SOLVED_WAIT:
+                    self.stop_reason = f"with {_workers(n)} the loop waits for data {trial.data_wait_frac:.0%} of a step"
+                    return
+            else:
+                misses += 1
+                if misses == 2:
+                    self.stop_reason = (f"{_workers(n)} were not faster than {_workers(best.settings.num_workers)} "
+                                        "beyond noise")
+                    return
+            n *= 2
+
+    def _refine(self) -> Iterator[LoaderSettings]:
+        best = self.choice().settings.num_workers
+        counts = sorted({t.settings.num_workers for t in self.trials})
+        above = [c for c in counts if c > best]
+        below = [c for c in counts if c < best]
+        for neighbour in (above[:1] + below[-1:]):
+            mid = (best + neighbour) // 2
+            if mid in (best, neighbour) or not self._fits(mid):
+                continue
+            settings = self.baseline.settings.with_workers(mid, persistent=self._persistent())
+            if self._tried(settings) is None:
+                yield settings
+
+    def _extras(self) -> Iterator[LoaderSettings]:
+        chosen = self.choice()
+        s = chosen.settings
+        if s.num_workers > 0 and (chosen.data_wait_frac or 0.0) >= INPUT_SOLVED_WAIT and (s.prefetch_factor or 2) < 4:
+            candidate = dataclasses.replace(s, prefetch_factor=4)
+            yield candidate
+            chosen = self.choice()
+            s = chosen.settings
+        if self.budget.cuda and not s.pin_memory and (chosen.transfer_frac or 0.0) >= 0.01:
+            yield dataclasses.replace(s, pin_memory=True)
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker{'s' if n != 1 else ''}"

@@ -1,0 +1,53 @@
+"""Comparing measured throughputs with their noise.
+
+A window's rate carries two kinds of noise: the spread within it (the standard error of its block means) and drift between
+windows on a shared machine. Two rates differ only when the gap exceeds both twice their combined standard
+error and a floor for the drift (5 % unless told otherwise: the same setting measured twice on these machines
+differed by about that much, and by more while other work ran).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeopt.measure.window import WindowStats
+
+DEFAULT_FLOOR = 0.05
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Throughput of one or more windows (samples/s where known, else steps/s) and its relative standard error."""
+
+    value: float
+    rel_se: float
+
+    @classmethod
+    def of(cls, window: WindowStats) -> Rate:
+        value = window.samples_per_s if window.samples_per_s else window.steps_per_s
+        return cls(value=value, rel_se=window.rate_rel_se)
+
+    @classmethod
+    def pooled(cls, windows: Sequence[WindowStats]) -> Rate:
+        rates = [cls.of(w) for w in windows]
+        value = sum(r.value for r in rates) / len(rates)
+        rel_se = math.sqrt(sum(r.rel_se**2 for r in rates)) / len(rates)
+        if len(rates) > 1:  # the windows' disagreement is evidence of drift too
+            rel_se = max(rel_se, (max(r.value for r in rates) - min(r.value for r in rates)) / value / 2)
+        return cls(value=value, rel_se=rel_se)
+
+
+def threshold(a: Rate, b: Rate, floor: float = DEFAULT_FLOOR) -> float:
+    """Relative gap two rates must exceed to differ."""
+    return max(floor, 2.0 * math.hypot(a.rel_se, b.rel_se))
+
+
+def faster(a: Rate, b: Rate, floor: float = DEFAULT_FLOOR) -> bool:
+    """``a`` is faster than ``b`` beyond noise."""
+    return a.value > b.value * (1.0 + threshold(a, b, floor))
+
+
+def within_noise(a: Rate, b: Rate, floor: float = DEFAULT_FLOOR) -> bool:
+    return abs(a.value - b.value) <= max(a.value, b.value) * threshold(a, b, floor)
