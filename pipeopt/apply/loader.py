@@ -77,6 +77,19 @@ def build_loader(
     return DataLoader(**{k: v for k, v in kwargs.items() if k in _INIT_PARAMS})
 
 
+def user_epoch_draw(user: DataLoader, private: torch.Generator) -> Callable[[], None] | None:
+    """The draw the user's loader makes from its generator (the global one when None) each time it creates an
+    iterator - i.e. every epoch, unless its workers persist. pipeopt's loaders make it at the same point, and
+    seed their own (private) generator with it, so the user's RNG stream is as it would be without pipeopt."""
+    if user.persistent_workers and user.num_workers > 0:
+        return None
+
+    def draw() -> None:
+        private.manual_seed(draw_seed(user.generator))
+
+    return draw
+
+
 class LoaderSwitcher:
     """Switches the running fit's train loader between settings, and back to the user's."""
 
@@ -94,19 +107,9 @@ class LoaderSwitcher:
         self.current = self.user_settings
         self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
 
-    # -- the user's RNG ----------------------------------------------------------------------------------
-    def _mirror_user_draw(self) -> None:
-        """The base-seed draw the user's loader makes per iterator (only once when its workers persist)."""
-        value = draw_seed(self.user.generator)
-        self._generator.manual_seed(value)
-
-    def _before_epoch(self) -> Callable[[], None] | None:
-        persists = self.user.persistent_workers and self.user.num_workers > 0
-        return None if persists else self._mirror_user_draw
-
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], DataLoader]:
-        loader = build_loader(self.user, settings, first=stream, before_epoch=self._before_epoch(),
+        loader = build_loader(self.user, settings, first=stream, before_epoch=user_epoch_draw(self.user, self._generator),
                               generator=self._generator, timeout=timeout)
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             # torch warns when workers outnumber CPUs; trials do that on purpose (storage-bound workers mostly

@@ -52,13 +52,13 @@ class CpuMeter:
         return 100.0 * (b.main_s - a.main_s) / wall, 100.0 * max(0.0, b.workers_s - a.workers_s) / wall
 
 
-def worker_private_memory(process: psutil.Process | None = None) -> int | None:
-    """Mean private memory (RSS minus shared pages) of the process's live children; None without children."""
+def worker_private_memory(process: psutil.Process | None = None, sample: int = 4) -> int | None:
+    """Mean unique memory (USS: pages no other process shares) of up to ``sample`` live children; None without
+    children. Forked workers share the parent's pages until they write them, so RSS would overstate them."""
     sizes = []
-    for child in (process or psutil.Process()).children(recursive=True):
+    for child in (process or psutil.Process()).children(recursive=True)[:sample]:
         try:
-            info = child.memory_info()
+            sizes.append(child.memory_full_info().uss)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        sizes.append(max(0, info.rss - getattr(info, "shared", 0)))
     return int(sum(sizes) / len(sizes)) if sizes else None

@@ -205,7 +205,7 @@ class LoaderSearch:
 
     def _refine(self) -> Iterator[LoaderSettings]:
         best = self.choice().settings.num_workers
-        counts = sorted({t.settings.num_workers for t in self.trials})
+        counts = sorted({t.settings.num_workers for t in self.trials if t.ok})  # never toward a failed count
         above = [c for c in counts if c > best]
         below = [c for c in counts if c < best]
         for neighbour in (above[:1] + below[-1:]):

@@ -142,7 +142,7 @@ class LoaderSession:
         if self._switcher.current != self.chosen.settings:
             self._apply(self.chosen.settings, label="after", timeout_s=None)
         else:
-            self._reset_meter("after", 0, 4 * self.chosen.settings.num_workers)
+            self._reset_meter("after", 0, 2 * _in_flight(self.chosen.settings))
         self._switcher.settle()
         self.state = "after"
 
@@ -155,7 +155,7 @@ class LoaderSession:
             self._keep()
             return
         if len(self._afters) < 2:  # within noise: measure once more before giving up
-            self._reset_meter("after", 0, 4 * self._switcher.current.num_workers)
+            self._reset_meter("after", 0, 2 * _in_flight(self._switcher.current))
             return
         reverted_from = self._switcher.current
         self._switcher.restore_user()
@@ -191,12 +191,13 @@ class LoaderSession:
 
     # -- helpers --------------------------------------------------------------------------------------------
     def _apply(self, settings: LoaderSettings, *, label: str, timeout_s: float | None) -> None:
-        """Switch, then skip the old loader's in-flight batches and the new workers' start-up, and measure a
-        window long enough to average over the bursts in which several workers deliver."""
+        """Switch, then skip the old loader's in-flight batches and the new loader's first queue-full (prefetched
+        while the old one drained, it would flatter the new setting), and measure a window at least twice that
+        queue long, so the queue's state at either end of the window moves the rate by little."""
         previous = self._switcher.current
         self._switcher.switch(settings, timeout_s=timeout_s)
-        skip = _in_flight(previous) + settings.num_workers + 1
-        self._reset_meter(f"{label}: {settings.describe()}", skip, 4 * settings.num_workers)
+        self._reset_meter(f"{label}: {settings.describe()}", _in_flight(previous) + _in_flight(settings),
+                          2 * _in_flight(settings))
 
     def _trial_timeout(self) -> float:
         step = self.before.step_time_s if self.before else 0.0

@@ -37,3 +37,26 @@ def test_no_elapsed_time_gives_no_figure():
     meter = CpuMeter(clock=lambda: 1.0)
     s = meter.snapshot()
     assert CpuMeter.utilisation(s, s) is None
+
+
+def test_worker_memory_is_the_childrens_unique_memory():
+    from pipeopt.measure.cpu import worker_private_memory
+
+    assert worker_private_memory() is None  # no children
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+
+    def hold(ready, done):
+        block = bytearray(64 * 2**20)  # 64 MiB written by the child: unique to it
+        block[:: 4096] = b"x" * len(block[:: 4096])
+        ready.set()
+        done.wait(10)
+
+    child = ctx.Process(target=hold, args=(ready, done))
+    child.start()
+    ready.wait(10)
+    try:
+        assert 60 * 2**20 < worker_private_memory() < 1024 * 2**20
+    finally:
+        done.set()
+        child.join()

@@ -1,0 +1,33 @@
+import torch
+
+from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, peek_seed
+
+
+def test_each_batch_once_and_undelivered_ones_again_first():
+    stream = IndexStream([[0, 1], [2, 3], [4, 5], [6, 7]])
+    assert next(stream) == [0, 1]
+    stream.delivered()
+    assert next(stream) == [2, 3] and next(stream) == [4, 5]
+    assert stream.in_flight == 2
+    assert stream.recover() == 2  # a loader died holding both
+    assert list(stream) == [[2, 3], [4, 5], [6, 7]]
+
+
+def test_resuming_sampler_finishes_the_epoch_then_is_the_users():
+    calls = []
+    sampler = ResumingSampler([[9], [8]], first=iter([[1], [2]]), before_epoch=lambda: calls.append("draw"))
+    started = iter(sampler)  # DataLoader iterators call iter() and throw the result away: nothing may happen
+    del started
+    assert list(iter(sampler)) == [[1], [2]] and calls == []
+    assert list(iter(sampler)) == [[9], [8]] and calls == ["draw"]
+    assert len(sampler) == 2
+
+
+def test_peek_does_not_advance_and_draw_matches_dataloader_draws():
+    torch.manual_seed(5)
+    g = torch.Generator().manual_seed(11)
+    for gen in (None, g):
+        peeked = peek_seed(gen)
+        assert peeked == peek_seed(gen)
+        assert draw_seed(gen) == peeked
+        assert draw_seed(gen) != peeked

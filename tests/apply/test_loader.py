@@ -1,0 +1,126 @@
+"""Handing a running epoch from one DataLoader to another: same samples, same order, each once."""
+
+import itertools
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from pipeopt import _compat
+from pipeopt.apply.handover import Handover
+from pipeopt.apply.index_stream import IndexStream, ResumingSampler, peek_seed
+from pipeopt.apply.loader import build_loader, unsupported, user_epoch_draw
+from pipeopt.tuning.loader_search import LoaderSettings
+from tests.apply.datasets import CrashesWithManyWorkers, Indexed
+
+FOUR = LoaderSettings(num_workers=4, prefetch_factor=2, persistent_workers=False, pin_memory=False)
+TWO = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True, pin_memory=False)
+MAIN = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+
+
+def flat(batches):
+    return [int(i) for b in batches for i in b.flatten()]
+
+
+def user_loader(workers=0, **kw):
+    return DataLoader(Indexed(), batch_size=4, shuffle=True, num_workers=workers,
+                      generator=torch.Generator().manual_seed(1), **kw)
+
+
+def reference_epochs(workers, epochs=2):
+    loader = user_loader(workers)
+    return [flat(loader) for _ in range(epochs)]
+
+
+def start(user, settings, stream, timeout=None):
+    private = torch.Generator().manual_seed(peek_seed(user.generator))
+    loader = build_loader(user, settings, first=stream, before_epoch=user_epoch_draw(user, private),
+                          generator=private, timeout=timeout)
+    iterator = iter(loader)
+    _compat.detach_worker_watch(iterator)
+    return iterator, loader
+
+
+@pytest.mark.parametrize("user_workers", [0, 2])
+def test_handover_mid_epoch_keeps_order_and_later_epochs_match(user_workers):
+    expected = reference_epochs(user_workers)
+    user = user_loader(user_workers)
+    live = iter(user)
+    seen = flat(itertools.islice(live, 5))  # 5 batches in; workers have more in flight
+    stream = IndexStream(_compat.take_index_stream(live))
+    handover = Handover(stream, live, user, fallback=lambda err: pytest.fail(str(err)))
+    it, new = start(user, FOUR, stream)
+    handover.add(it, new)
+    seen += flat(itertools.islice(handover, 7))
+    it2, newer = start(user, TWO, stream)  # a second switch while the first may still hold batches
+    handover.add(it2, newer)
+    seen += flat(handover)
+    assert seen == expected[0]
+    assert flat(newer) == expected[1]  # the next epoch: the user's sampler, the user's order
+    handover.close()
+    _compat.shutdown_iterator(_compat.cached_iterator(newer))
+
+
+def test_a_crashing_candidate_is_survived_without_losing_or_repeating_a_batch():
+    expected = reference_epochs(0, epochs=1)[0]
+    user = DataLoader(CrashesWithManyWorkers(crash_at=2), batch_size=4, shuffle=True,
+                      generator=torch.Generator().manual_seed(1))
+    live = iter(user)
+    seen = flat(itertools.islice(live, 3))
+    stream = IndexStream(_compat.take_index_stream(live))
+    fallbacks = []
+
+    def fallback(err):
+        fallbacks.append(err)
+        return start(user, MAIN, stream)
+
+    handover = Handover(stream, live, user, fallback)
+    handover.add(*start(user, FOUR, stream, timeout=5))
+    seen += flat(handover)
+    assert seen == expected
+    assert len(fallbacks) == 1 and "exited unexpectedly" in str(fallbacks[0])
+    handover.close()
+    assert psutil.Process().children() == []
+
+
+def test_errors_from_the_users_dataset_are_not_swallowed():
+    class Broken(Indexed):
+        def __getitem__(self, i):
+            raise KeyError(f"sample {i} is missing")
+
+    user = DataLoader(Broken(), batch_size=4)
+    live = iter(user)
+    stream = IndexStream(_compat.take_index_stream(live))
+    handover = Handover(stream, live, user, fallback=lambda err: pytest.fail("not a worker failure"))
+    handover.add(*start(user, TWO, stream))
+    with pytest.raises(KeyError, match="sample .* is missing"):
+        next(handover)
+    handover.close()
+
+
+def test_unsupported_loaders_say_why():
+    class MyLoader(DataLoader):
+        pass
+
+    assert "not a torch.utils.data.DataLoader" in unsupported(MyLoader(Indexed()))
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    assert "IterableDataset" in unsupported(DataLoader(Stream()))
+    assert unsupported(user_loader()) is None
+
+
+def test_without_automatic_batching_the_sampler_is_resumed():
+    user = DataLoader(Indexed(12), batch_size=None, shuffle=True, generator=torch.Generator().manual_seed(2))
+    expected = [int(x) for x in DataLoader(Indexed(12), batch_size=None, shuffle=True,
+                                           generator=torch.Generator().manual_seed(2))]
+    live = iter(user)
+    seen = [int(x) for x in itertools.islice(live, 3)]
+    stream = IndexStream(_compat.take_index_stream(live))
+    handover = Handover(stream, live, user, fallback=lambda err: pytest.fail(str(err)))
+    handover.add(*start(user, TWO, stream))
+    seen += [int(x) for x in handover]
+    assert seen == expected
+    handover.close()

@@ -1,0 +1,133 @@
+"""Loader tuning on real, tiny Lightning fits: the model sees exactly what it would have seen without pipeopt."""
+
+import io
+import os
+
+import psutil
+import pytest
+import pytorch_lightning as pl
+import torch
+from rich.console import Console
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from pipeopt import PipeOpt
+from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs, resident_dataset
+
+
+def tuner(**kwargs):
+    kwargs.setdefault("tune", ("loader",))
+    kwargs.setdefault("window", 4)
+    kwargs.setdefault("warmup", 2)
+    kwargs.setdefault("report_dir", None)
+    kwargs.setdefault("console", Console(file=io.StringIO(), width=120))
+    return PipeOpt(**kwargs)
+
+
+def fit(callbacks, dataset, *, epochs=2, batch_size=8, seed=3, model_kwargs=None):
+    pl.seed_everything(seed, verbose=False)
+    model = Regressor(**(model_kwargs or {}))
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
+    trainer.fit(model, loader)
+    return model, trainer
+
+
+class CrashingWorkers(SleepyDataset):
+    """Worker processes die outright once their loader has 2 workers or more."""
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        if info is not None and info.num_workers >= 2:
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+def test_order_is_identical_and_a_switch_happened_mid_epoch():
+    data = SleepyDataset(n=256, delay_s=0.002)
+    plain, _ = fit([], data)
+    callback = tuner()
+    tuned, trainer = fit([callback], data)
+    assert tuned.seen == plain.seen
+    assert len(callback.report.trials) >= 3  # the user's settings and at least two candidates
+    assert callback.windows[1].label.startswith("trial")
+    assert callback.windows[1].first_step < 256 // 8  # in the first epoch, i.e. mid-epoch
+    assert psutil.Process().children() == []
+
+
+def test_final_weights_are_bit_identical_with_dropout_and_batchnorm():
+    data = SleepyDataset(n=192, delay_s=0.001)
+    model_kwargs = dict(hidden=32, dropout=0.5, batchnorm=True)
+    plain, _ = fit([], data, epochs=3, model_kwargs=model_kwargs)
+    callback = tuner(window=3, warmup=1)
+    tuned, _ = fit([callback], data, epochs=3, model_kwargs=model_kwargs)
+    assert any(t.settings["num_workers"] > 0 for t in callback.report.trials)
+    assert tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+    assert torch.equal(torch.get_rng_state(), _rng_after_plain_fit(data, model_kwargs))
+
+
+def _rng_after_plain_fit(data, model_kwargs):
+    fit([], data, epochs=3, model_kwargs=model_kwargs)
+    return torch.get_rng_state()
+
+
+def test_a_crashing_candidate_is_discarded_and_training_goes_on():
+    data = CrashingWorkers(n=256, delay_s=0.002)
+    plain, _ = fit([], data, epochs=1)
+    callback = tuner(budget_s=30)
+    tuned, trainer = fit([callback], data, epochs=1)
+    assert tuned.seen == plain.seen  # every sample once, in order, despite the crash
+    failed = [t for t in callback.report.trials if t.status == "failed"]
+    assert failed and failed[0].settings["num_workers"] == 2
+    assert "exited unexpectedly" in failed[0].error
+    assert all(t.settings["num_workers"] < 2 for t in callback.report.trials if t.status == "ok")
+    assert psutil.Process().children() == []
+
+
+def test_compute_bound_runs_keep_their_loader():
+    callback = tuner()
+    _, trainer = fit([callback], resident_dataset(), epochs=1, batch_size=64,
+                     model_kwargs=dict(dim=256, hidden=1024, depth=3))
+    report = callback.report
+    assert report.changes == [] and len(report.trials) == 1
+    assert any("compute-bound" in note for note in report.notes)
+    assert trainer.train_dataloader.num_workers == 0
+
+
+class Records(IterableDataset):
+    def __init__(self, n=64):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield torch.randn(16), torch.tensor(i)
+
+
+def test_an_iterable_dataset_is_left_alone_and_yields_each_record_once_per_epoch():
+    callback = tuner()
+    pl.seed_everything(0, verbose=False)
+    model = Regressor()
+    trainer = pl.Trainer(max_epochs=2, callbacks=[callback], **quiet_trainer_kwargs())
+    with pytest.warns(UserWarning, match="not tuning the loader: the dataset is an IterableDataset"):
+        trainer.fit(model, DataLoader(Records(), batch_size=8))
+    assert model.seen == list(range(64)) * 2
+    assert [s.group for s in callback.report.skipped if s.group == "loader"] == ["loader"]
+
+
+def test_a_tuned_run_reports_its_changes_and_the_code_to_keep_them():
+    data = SleepyDataset(n=8192, delay_s=0.004)
+    callback = tuner(window=6, budget_s=3)
+    fit([callback], data, epochs=2)
+    report = callback.report
+    assert report.mode == "tune"
+    assert not any("ended before loader tuning finished" in n for n in report.notes)
+    if report.changes:  # a shared machine may leave no setting faster beyond noise: then nothing changes
+        knobs = {c.knob: c.after for c in report.changes}
+        assert knobs["num_workers"] > 0
+        assert report.suggestions == [
+            "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in report.changes) + ")"
+        ]
+        assert report.measured_speedup is not None and report.predicted_speedup is not None
+    else:
+        assert any("reverted" in n or "kept your loader settings" in n for n in report.notes)

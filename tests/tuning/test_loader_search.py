@@ -1,0 +1,98 @@
+"""The loader search as a pure decision: fed measured trials, it proposes and chooses."""
+
+import pytest
+
+from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
+from pipeopt.tuning.noise import Rate
+
+USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+
+
+def trial(settings, rate, wait, cpu_workers=None, se=0.01):
+    return Trial(settings, Rate(rate, se), data_wait_frac=wait, cpu_main_pct=100.0, cpu_workers_pct=cpu_workers)
+
+
+def run(search, world):
+    """Drive the search against ``world(settings) -> Trial``; return the proposals in order."""
+    proposed = []
+    while (candidate := search.propose()) is not None:
+        proposed.append(candidate)
+        search.record(world(candidate))
+    return proposed
+
+
+def storage_world(settings):
+    """Each worker delivers 100 samples/s; the step caps at 1000; workers use 5 % CPU each."""
+    n = settings.num_workers
+    rate = min(1000.0, 100.0 * max(n, 1) * (1.05 if n else 1.0))
+    wait = max(0.0, 1 - rate / 1000.0)
+    return trial(settings, rate, wait, cpu_workers=5.0 * n)
+
+
+def test_compute_bound_runs_are_left_alone():
+    search = LoaderSearch(trial(USER, 1000.0, 0.02), Budget(cpus=8))
+    assert search.propose() is None
+    assert "compute-bound" in search.stop_reason
+    assert search.choice().settings == USER
+
+
+def test_workers_grow_until_the_wait_is_gone_then_the_cheapest_within_noise_wins():
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, more_epochs=True))
+    proposed = run(search, storage_world)
+    counts = [p.num_workers for p in proposed]
+    assert counts[:5] == [1, 2, 4, 8, 16]  # geometric, beyond the 2 CPUs: these workers mostly wait
+    assert all(p.persistent_workers for p in proposed if p.num_workers)
+    chosen = search.choice().settings
+    assert chosen.num_workers == 12  # the refined midpoint reaches the 1000/s cap with fewer workers than 16
+    assert chosen.prefetch_factor == 2
+
+
+def test_cpu_heavy_workers_stop_at_the_cpu_budget():
+    def cpu_world(settings):
+        n = settings.num_workers
+        return trial(settings, 100.0 * (1 + min(n, 2)), 0.8, cpu_workers=95.0 * n)
+
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    proposed = run(search, cpu_world)
+    assert max(p.num_workers for p in proposed) == 2
+    assert "CPU" in search.stop_reason or "not faster" in search.stop_reason
+    assert search.choice().settings.num_workers == 2
+
+
+def test_a_failed_trial_ends_growth_and_is_never_chosen():
+    def crashing(settings):
+        if settings.num_workers >= 4:
+            return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
+        return storage_world(settings)
+
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    run(search, crashing)
+    assert "4 workers failed" in search.stop_reason
+    assert search.choice().settings.num_workers == 2
+
+
+def test_within_noise_means_no_change():
+    flat = lambda s: trial(s, 100.0 * (1.02 if s.num_workers else 1.0), 0.5)  # noqa: E731
+    search = LoaderSearch(trial(USER, 100.0, 0.5), Budget(cpus=2))
+    run(search, flat)
+    assert search.choice().settings == USER
+
+
+def test_pin_memory_is_only_tried_on_cuda():
+    world = lambda s: trial(s, 1000.0 if s.num_workers >= 2 else 100.0, 0.0 if s.num_workers >= 2 else 0.9)  # noqa: E731
+    cpu = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    assert not any(p.pin_memory for p in run(cpu, world))
+
+    def with_transfer(s):
+        t = world(s)
+        return Trial(s, t.rate, t.data_wait_frac, transfer_frac=0.2, cpu_main_pct=100.0, cpu_workers_pct=10.0)
+
+    cuda = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, cuda=True))
+    assert any(p.pin_memory for p in run(cuda, with_transfer))
+
+
+def test_record_before_the_next_proposal():
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    search.propose()
+    with pytest.raises(RuntimeError, match="record"):
+        search.propose()
