@@ -20,8 +20,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The suite runs twice: as is, and under `python -O` (asserts stripped: nothing may validate with them).
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(PY) -O -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run all

@@ -40,7 +40,10 @@ def run_fit(
     settings: dict[str, Any],
     callbacks: Sequence[pl.Callback] = (),
     steps: int | None = None,
+    steady_from: float | None = None,
 ) -> dict[str, float]:
+    """Fit ``scenario`` with loader ``settings``; steady throughput is measured from step ``warmup`` (or from
+    the fraction ``steady_from`` of the run, to measure only after a tuner has finished)."""
     pl.seed_everything(0, verbose=False)
     watch = Stopwatch()
     trainer = pl.Trainer(
@@ -56,7 +59,8 @@ def run_fit(
     start = time.perf_counter()
     trainer.fit(scenario.make_model(), scenario.loader(dataset, **settings))
     wall = time.perf_counter() - start
-    rate = watch.steady_rate(scenario.warmup)
+    total = steps or scenario.steps
+    rate = watch.steady_rate(int(steady_from * total) if steady_from is not None else scenario.warmup)
     return {"steps_per_s": rate, "samples_per_s": rate * scenario.batch_size, "wall_s": wall}
 
 

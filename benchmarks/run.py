@@ -82,17 +82,63 @@ def observation_overhead(s: Scenario, dataset: Any, repeats: int, progress: Prog
     }
 
 
-def run_scenario(s: Scenario, repeats: int, overhead_repeats: int, console: Console) -> dict[str, Any]:
+#: Steady throughput of a tuned run is measured over its last quarter (tuning is over by then; checked).
+STEADY_FROM = 0.75
+
+
+def tuned_runs(s: Scenario, dataset: Any, best: dict[str, Any], repeats: int, progress: Progress) -> dict[str, Any]:
+    """The naive setting under ``PipeOpt(tune=("loader",))`` beside the oracle's best setting, same steps,
+    alternating which goes first."""
+    oracle: list[dict[str, float]] = []
+    tuned: list[dict[str, float]] = []
+    reports = []
+    task = progress.add_task(f"{s.name}: pipeopt vs oracle best", total=2 * repeats)
+    for r in range(repeats):
+        for with_pipeopt in ((True, False) if r % 2 == 0 else (False, True)):
+            if with_pipeopt:
+                callback = quiet_pipeopt(tune=("loader",))
+                tuned.append(run_fit(s, dataset, s.naive, [callback], steps=s.tuned_steps, steady_from=STEADY_FROM))
+                reports.append(callback.report)
+            else:
+                oracle.append(run_fit(s, dataset, best, steps=s.tuned_steps, steady_from=STEADY_FROM))
+            progress.advance(task)
+    chosen = [{c.knob: c.after for c in rep.changes} for rep in reports]
+    finished = all(not any("ended before loader tuning finished" in n for n in rep.notes) for rep in reports)
+    t_rate, o_rate = median([t["samples_per_s"] for t in tuned]), median([o["samples_per_s"] for o in oracle])
+    t_wall, o_wall = median([t["wall_s"] for t in tuned]), median([o["wall_s"] for o in oracle])
+    return {
+        "steps_per_run": s.tuned_steps,
+        "oracle_settings": best,
+        "tuned_samples_per_s": t_rate,
+        "oracle_samples_per_s": o_rate,
+        "tuned_over_oracle": t_rate / o_rate,
+        "tuned_wall_s": t_wall,
+        "oracle_wall_s": o_wall,
+        "time_lost_to_tuning_s": t_wall - o_wall,
+        "tuning_finished_in_every_run": finished,
+        "changes_per_run": chosen,
+        "trials_per_run": [len(rep.trials) - 1 for rep in reports],
+        "predicted_speedup_per_run": [rep.predicted_speedup for rep in reports],
+        "measured_speedup_per_run": [rep.measured_speedup for rep in reports],
+        "tuned_runs": tuned,
+        "oracle_runs": oracle,
+    }
+
+
+def run_scenario(s: Scenario, repeats: int, overhead_repeats: int, tuned_repeats: int,
+                 console: Console) -> dict[str, Any]:
     dataset = s.make_dataset()
     with Progress(console=console, transient=True) as progress:
         grid = oracle_grid(s, dataset, repeats, progress)
         overhead = observation_overhead(s, dataset, overhead_repeats, progress) if overhead_repeats else None
-    best = max(grid, key=lambda row: row["samples_per_s"])
+        best = max(grid, key=lambda row: row["samples_per_s"])
+        tuned = tuned_runs(s, dataset, best["settings"], tuned_repeats, progress) if tuned_repeats else None
     naive = next(row for row in grid if row["settings"] == s.naive)
     return {
         "scenario": s.name,
         "description": s.description,
-        "command": f"python -m benchmarks.run {s.name} --repeats {repeats} --overhead-repeats {overhead_repeats}",
+        "command": (f"python -m benchmarks.run {s.name} --repeats {repeats} --overhead-repeats {overhead_repeats} "
+                    f"--tuned-repeats {tuned_repeats}"),
         "machine": machine(),
         "steps_per_run": s.steps,
         "warmup_steps": s.warmup,
@@ -102,6 +148,7 @@ def run_scenario(s: Scenario, repeats: int, overhead_repeats: int, console: Cons
         "naive": {"settings": naive["settings"], "samples_per_s": naive["samples_per_s"]},
         "naive_over_oracle": naive["samples_per_s"] / best["samples_per_s"],
         "observation_overhead": overhead,
+        "pipeopt": tuned,
     }
 
 
@@ -113,8 +160,8 @@ def write_markdown() -> Path:
         "samples/s are medians of the repeats; *spread* is (max - min) / median over those repeats.",
         "",
         "| scenario | naive (num_workers=0) samples/s | oracle best | oracle samples/s | naive / oracle | "
-        "observation overhead |",
-        "|---|---:|---|---:|---:|---:|",
+        "pipeopt / oracle (steady) | time lost to tuning | pipeopt chose | observation overhead |",
+        "|---|---:|---|---:|---:|---:|---:|---|---:|",
     ]
     results = sorted(RESULTS.glob("*.json"))
     details: list[str] = []
@@ -124,9 +171,14 @@ def write_markdown() -> Path:
         r = json.loads(path.read_text())
         o = r.get("observation_overhead")
         overhead = f"{o['overhead_pct']:+.1f} %" if o else "-"
+        p = r.get("pipeopt")
+        tuned = f"{p['tuned_over_oracle']:.2f}" if p else "-"
+        lost = f"{p['time_lost_to_tuning_s']:+.1f} s" if p else "-"
+        chose = "; ".join(label(c) or "no change" for c in p["changes_per_run"]) if p else "-"
         lines.append(
             f"| {r['scenario']} | {r['naive']['samples_per_s']:.0f} | {label(r['oracle_best']['settings'])} | "
-            f"{r['oracle_best']['samples_per_s']:.0f} | {r['naive_over_oracle']:.2f} | {overhead} |"
+            f"{r['oracle_best']['samples_per_s']:.0f} | {r['naive_over_oracle']:.2f} | {tuned} | {lost} | {chose} | "
+            f"{overhead} |"
         )
         details += ["", f"## {r['scenario']}: {r['description']}", "", f"`{r['command']}` on "
                     f"{r['machine']['cpus']} CPUs ({r['machine']['device']}), torch {r['machine']['torch']}", "",
@@ -137,6 +189,11 @@ def write_markdown() -> Path:
     lines.append("Observation overhead: throughput lost by running `PipeOpt(tune=())` on the naive setting, "
                  "(1 - observed / plain) of medians; negative means the observed runs happened to be faster "
                  "(noise).")
+    lines.append("")
+    lines.append("pipeopt / oracle: steady throughput (last quarter of the run) of a run started from the naive "
+                 "setting under `PipeOpt(tune=(\"loader\",))` over a run of the same length with the oracle grid's "
+                 "best setting, medians of interleaved pairs. Time lost to tuning: wall time of the first minus "
+                 "the second. *pipeopt chose*: the changes it kept, per run.")
     path = RESULTS / "README.md"
     path.write_text("\n".join(lines + details) + "\n")
     return path
@@ -148,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each grid setting (default 3)")
     parser.add_argument("--overhead-repeats", type=int, default=6,
                         help="pairs of runs with/without observation (default 6; 0 skips)")
+    parser.add_argument("--tuned-repeats", type=int, default=2,
+                        help="pairs of runs: pipeopt from the naive setting vs the oracle's best (default 2; 0 skips)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
@@ -156,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
-        result = run_scenario(SCENARIOS[name], args.repeats, args.overhead_repeats, console)
+        result = run_scenario(SCENARIOS[name], args.repeats, args.overhead_repeats, args.tuned_repeats, console)
         out = RESULTS / f"{name}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"{name}: naive/oracle {result['naive_over_oracle']:.2f} "

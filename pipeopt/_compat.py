@@ -6,6 +6,8 @@ Lightning upgrade that renames one of these breaks this file only; the callback 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
@@ -120,6 +122,32 @@ def set_fetch_timeout(iterator: Any, seconds: float) -> None:
     """Change how long a running iterator waits for a batch before raising (0: forever)."""
     if hasattr(iterator, "_timeout"):
         iterator._timeout = seconds
+
+
+@contextlib.contextmanager
+def quiet_worker_deaths() -> Iterator[None]:
+    """Start a trial loader without torch's SIGCHLD handler raising for it.
+
+    torch registers a new iterator's workers with its SIGCHLD handler before they start, and the handler raises
+    in the main thread - anywhere - when one dies. A trial's worker that dies at once would then escape
+    pipeopt. Inside this block the handler is paused; ``detach_worker_watch`` then removes the workers from its
+    watch, and a death is reported by ``next()`` instead.
+    """
+    import signal
+    import threading
+
+    from torch.utils.data._utils import signal_handling
+
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal_handling._set_SIGCHLD_handler()  # install torch's handler now, so it is the one restored below
+    handler = signal.getsignal(signal.SIGCHLD)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, handler)
 
 
 def detach_worker_watch(iterator: Any) -> None:

@@ -15,8 +15,9 @@ class Scenario:
     make_dataset: Callable[[], Dataset]
     make_model: Callable[[], pl.LightningModule]
     batch_size: int
-    steps: int  # optimizer steps per measured run
+    steps: int  # optimizer steps per oracle-grid run
     warmup: int  # steps ignored at the start of each run
+    tuned_steps: int  # steps of a run under PipeOpt (tuning must finish well inside them)
     naive: dict[str, Any] = field(default_factory=lambda: {"num_workers": 0})
     grid: tuple[dict[str, Any], ...] = ()
 

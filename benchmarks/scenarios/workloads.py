@@ -137,12 +137,13 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             name="storage_latency",
-            description="8 samples/step, 10 ms storage latency per sample, small MLP",
+            description="8 samples/step, 10 ms storage latency per sample, 2x2048 MLP (~5 ms of compute)",
             make_dataset=lambda: SlowStorage(),
-            make_model=lambda: Classifier(mlp(64, 256, 2)),
+            make_model=lambda: Classifier(mlp(64, 2048, 2)),
             batch_size=8,
             steps=120,
             warmup=20,
+            tuned_steps=1500,
             grid=NAIVE + _workers(1, 2, 4, 8, 16) + _workers(32, prefetch=4),
         ),
         Scenario(
@@ -153,6 +154,7 @@ SCENARIOS: dict[str, Scenario] = {
             batch_size=32,
             steps=40,
             warmup=8,
+            tuned_steps=400,
             grid=NAIVE + _workers(1, 2, 3, 4),
         ),
         Scenario(
@@ -163,6 +165,7 @@ SCENARIOS: dict[str, Scenario] = {
             batch_size=256,
             steps=40,
             warmup=8,
+            tuned_steps=60,
             grid=NAIVE + _workers(1, 2),
         ),
         Scenario(
@@ -173,6 +176,7 @@ SCENARIOS: dict[str, Scenario] = {
             batch_size=16,
             steps=60,
             warmup=10,
+            tuned_steps=400,
             grid=NAIVE + _workers(1, 2, 3),
         ),
     )

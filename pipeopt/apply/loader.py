@@ -90,6 +90,27 @@ def user_epoch_draw(user: DataLoader, private: torch.Generator) -> Callable[[], 
     return draw
 
 
+def start_loader(
+    user: DataLoader,
+    settings: LoaderSettings,
+    *,
+    first: Iterator[Any],
+    generator: torch.Generator,
+    timeout: float | None,
+) -> tuple[Iterator[Any], DataLoader]:
+    """Build a loader like ``user`` with ``settings`` that continues ``first``, and start its iterator - leaving the
+    user's RNG untouched and its workers outside torch's SIGCHLD watch (a death surfaces in ``next()``)."""
+    loader = build_loader(user, settings, first=first, before_epoch=user_epoch_draw(user, generator),
+                          generator=generator, timeout=timeout)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), _compat.quiet_worker_deaths():
+        # torch warns when workers outnumber CPUs; trials do that on purpose (storage-bound workers mostly
+        # wait) and the measurement decides.
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        iterator = iter(loader)
+        _compat.detach_worker_watch(iterator)
+    return iterator, loader
+
+
 class LoaderSwitcher:
     """Switches the running fit's train loader between settings, and back to the user's."""
 
@@ -109,15 +130,7 @@ class LoaderSwitcher:
 
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], DataLoader]:
-        loader = build_loader(self.user, settings, first=stream, before_epoch=user_epoch_draw(self.user, self._generator),
-                              generator=self._generator, timeout=timeout)
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            # torch warns when workers outnumber CPUs; trials do that on purpose (storage-bound workers mostly
-            # wait) and the measurement decides.
-            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-            iterator = iter(loader)
-        _compat.detach_worker_watch(iterator)
-        return iterator, loader
+        return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout)
 
     def _live_handover(self) -> Handover:
         live = _compat.live_train_iterators(self._trainer)
@@ -156,7 +169,9 @@ class LoaderSwitcher:
         self.current = settings
 
     def settle(self) -> None:
-        """The current settings are kept: the user's fetch timeout and torch's worker watch apply again."""
+        """The current settings are kept: the user's fetch timeout and torch's worker watch apply again, to the
+        running iterator and to the iterators of later epochs."""
+        self._installed().timeout = self.user.timeout
         if self.handover is not None:
             iterator, _ = self.handover.current
             _compat.set_fetch_timeout(iterator, self.user.timeout)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 from rich.console import Console
 
 from pipeopt import _compat
@@ -27,9 +28,12 @@ from pipeopt.report.console import print_report
 from pipeopt.report.json_io import write_report
 from pipeopt.report.metrics import summary_metrics, window_metrics
 from pipeopt.report.model import Report, Skipped
-from pipeopt.tuning.loader_search import Budget
+from pipeopt.tuning.loader_search import Budget, LoaderSettings
 from pipeopt.tuning.session import LoaderSession
 from pipeopt.verdict import judge
+
+#: Version of the state PipeOpt saves in checkpoints.
+STATE_VERSION = 1
 
 #: Knob groups whose tuner exists in this release. The others are skipped with one warning.
 IMPLEMENTED_GROUPS: frozenset[str] = frozenset({"loader"})
@@ -85,6 +89,7 @@ class PipeOpt(Callback):
         self.report: Report | None = None
         self.report_path: Path | None = None
         self.windows: list[WindowStats] = []
+        self._restored: dict[str, Any] | None = None  # tuned state from a checkpoint, applied at train start
         self._reset_run_state()
 
     def _reset_run_state(self) -> None:
@@ -191,12 +196,28 @@ class PipeOpt(Callback):
                 more_epochs=_more_epochs_ahead(trainer),
             ),
             budget_s=self.config.budget_s,
-            reset_meter=lambda label, skip, length: meter.reset(label, skip, length),  # type: ignore[union-attr]
+            reset_meter=meter.reset,  # type: ignore[union-attr]
             clock=self._clock,
             say=self._say if trainer.is_global_zero else (lambda line: None),
             worker_memory=worker_private_memory,
+            agree=self._agree,
+            window=self.config.window,
+            epoch_steps=_epoch_steps(trainer),
         )
-        self._meter.label = "before"  # type: ignore[union-attr]
+        restored, self._restored = self._restored, None
+        if restored is not None:
+            loader = restored.get("loader")
+            self._session.restore(LoaderSettings(**loader) if loader else None)
+        else:
+            meter.label = "before"  # type: ignore[union-attr]
+
+    def _agree(self, values: list[float]) -> list[float]:
+        """Element-wise maximum over all ranks (identity on one process)."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
+        return trainer.strategy.reduce(tensor, reduce_op="max").tolist()
 
     def _skip(self, group: str, reason: str) -> None:
         self._skipped.append(Skipped(group, reason))
@@ -244,6 +265,8 @@ class PipeOpt(Callback):
         if self._meter is None or self._timer is None or self._env is None:
             return
         self._timer.interrupted()
+        if self._session is not None:
+            self._session.finish()
         if self._meter.pending_steps >= max(2, self.config.window // 2):
             self._meter.compute()  # a last, shorter window still tells the end of the run
         report = self._build_report()
@@ -276,6 +299,8 @@ class PipeOpt(Callback):
             extra: dict[str, Any] = {}
         else:
             before, after = session.before, session.after
+            if before is None and windows:  # restored from a checkpoint: no before-window was taken
+                before = windows[0]
             if after is None and session.state == "done" and windows and windows[-1] is not before:
                 after = windows[-1]  # nothing changed: the run's last window, measured after tuning ended
             if session.state not in ("done",) and session.before is not None:
@@ -301,9 +326,25 @@ class PipeOpt(Callback):
             **extra,
         )
 
+    # -- checkpoints ---------------------------------------------------------------------------------------
     @property
     def state_key(self) -> str:
         return "PipeOpt"
+
+    def state_dict(self) -> dict[str, Any]:
+        """What tuning kept, so a run resumed from this checkpoint applies it without trials."""
+        session = self._session
+        if session is None or session.state != "done":
+            return {"version": STATE_VERSION, "tuned": None}
+        kept = session.kept
+        return {"version": STATE_VERSION, "tuned": {"loader": kept.as_kwargs() if kept else None}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("version") != STATE_VERSION:
+            rank_zero_warn(f"PipeOpt: ignoring checkpoint state of version {state_dict.get('version')!r} "
+                           f"(this release reads version {STATE_VERSION}); the run is tuned afresh.")
+            return
+        self._restored = state_dict.get("tuned")
 
 
 def _more_epochs_ahead(trainer: Any) -> bool:
@@ -317,3 +358,11 @@ def _more_epochs_ahead(trainer: Any) -> bool:
         return True
     accumulate = max(1, trainer.accumulate_grad_batches)
     return max_steps - trainer.global_step > per_epoch / accumulate
+
+
+def _epoch_steps(trainer: Any) -> int | None:
+    """Optimizer steps per epoch, when the epoch has a length."""
+    batches = trainer.num_training_batches
+    if batches in (None, float("inf")) or batches <= 0:
+        return None
+    return -(-int(batches) // max(1, trainer.accumulate_grad_batches))

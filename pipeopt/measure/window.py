@@ -17,9 +17,10 @@ from pipeopt.measure.steps import StepRecord
 class WindowStats:
     """Measured figures of one window. Times are seconds per optimizer step (means over the window).
 
-    ``rate_rel_se`` is the relative standard error of the window's mean step time, from the means of (up to)
-    five consecutive blocks of steps: loaders with several workers deliver in bursts, so single steps are not
-    independent, blocks are closer to it.
+    ``rate_rel_se`` is the relative standard error of the window's mean step time, from the means of
+    consecutive blocks of steps (five, or one per epoch when the window spans whole short epochs): loaders with
+    several workers deliver in bursts and stall at epoch starts, so single steps are not independent, blocks
+    are closer to it.
 
     ``busy_frac`` is compute time over total time: the share of the step the accelerator (or, on CPU, the
     training process) spent in forward/backward/optimizer. On CUDA ``compute`` and ``transfer`` are device
@@ -68,6 +69,7 @@ def summarize(
     label: str,
     first_step: int,
     resources: ResourceFigures,
+    blocks: int = 5,
 ) -> WindowStats:
     """Resolve the records' device stamps and reduce them to a ``WindowStats``."""
     if not records:
@@ -90,7 +92,7 @@ def summarize(
         duration_s=duration,
         step_time_s=duration / n,
         step_time_std_s=statistics.pstdev(totals) if n > 1 else 0.0,
-        rate_rel_se=_block_rel_se(totals),
+        rate_rel_se=_block_rel_se(totals, blocks),
         wait_s=wait / n,
         transfer_s=transfer / n,
         compute_s=compute / n,
@@ -140,6 +142,7 @@ class WindowMeter:
         self._mark: Any = None
         self._skip = 0
         self._length = window
+        self._blocks = 5
         self.label = "observe"
 
     @property
@@ -179,6 +182,7 @@ class WindowMeter:
             label=self.label,
             first_step=self._seen - len(self._steps),
             resources=self._probe.end(self._mark),
+            blocks=self._blocks,
         )
         self._windows += 1
         self._steps = []
@@ -186,12 +190,13 @@ class WindowMeter:
         self._on_window(stats)
         return stats
 
-    def reset(self, label: str | None = None, skip: int = 0, length: int | None = None) -> None:
+    def reset(self, label: str | None = None, skip: int = 0, length: int | None = None, blocks: int = 5) -> None:
         """Drop the unfinished window; ignore the next ``skip`` steps (a configuration change settling), and
-        make windows ``length`` steps long from now on (default: ``window``)."""
+        make windows ``length`` steps long (default: ``window``), their noise estimated from ``blocks`` blocks."""
         self._steps = []
         self._skip = skip
         self._length = max(self.window, length or 0)
+        self._blocks = blocks
         self._mark = self._probe.begin() if self._seen >= self.warmup and skip == 0 else None
         if label is not None:
             self.label = label

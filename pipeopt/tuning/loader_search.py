@@ -3,7 +3,7 @@
 The search (a plan, fed one measured trial at a time):
 1. Compute-bound (data wait below 10 %): stop; more workers would only take CPU from the step.
 2. Grow ``num_workers`` geometrically (0 -> 1 -> 2 -> 4 ...) while each step is faster than the best so far
-   beyond noise, until the data wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
+   beyond noise (a count too close to call is measured once more and judged on both windows), until the data wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
    one worker per CPU this rank may use always fits; beyond that the measured CPU per worker times the count
    must fit those CPUs (workers that mostly wait on storage use little CPU and may outnumber the cores), and
    their measured private memory must fit the memory available.
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster, within_noise
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster, within_noise
 
 #: Below this data-wait fraction the run is compute-bound: no search.
 COMPUTE_BOUND_WAIT = 0.10
@@ -79,6 +79,7 @@ class Trial:
     cpu_workers_pct: float | None = None
     worker_mem_bytes: int | None = None  # private memory of one worker
     error: str | None = None
+    repeats: int = 1  # windows pooled into this trial
 
     @property
     def ok(self) -> bool:
@@ -119,8 +120,19 @@ class LoaderSearch:
         return candidate
 
     def record(self, trial: Trial) -> None:
-        self.trials.append(trial)
+        """Add a measured trial; a repeat of the last trial's settings is pooled with it."""
         self._waiting = False
+        last = self.trials[-1]
+        if len(self.trials) > 1 and last.settings == trial.settings and last.ok and trial.ok:
+            self.trials[-1] = dataclasses.replace(
+                trial,
+                rate=combine(last.rate, trial.rate),  # type: ignore[arg-type]
+                data_wait_frac=_mean(last.data_wait_frac, trial.data_wait_frac),
+                transfer_frac=_mean(last.transfer_frac, trial.transfer_frac),
+                repeats=last.repeats + 1,
+            )
+            return
+        self.trials.append(trial)
 
     def choice(self) -> Trial:
         """The cheapest measured setting within noise of the fastest (the baseline if nothing beat it)."""
@@ -185,11 +197,18 @@ class LoaderSearch:
                 if self.stop_reason is None:
                     self.stop_reason = f"{n} workers exceed the budget ({self.budget.cpus} CPUs, cap {MAX_WORKERS})"
                 return
-            yield self.baseline.settings.with_workers(n, persistent=self._persistent())
+            candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
+            yield candidate
             trial = self.trials[-1]
             if not trial.ok:
                 self.stop_reason = f"{_workers(n)} failed: {trial.error}"
                 return
+            if within_noise(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
+                yield candidate  # too close to call: measure it once more and decide on both windows
+                trial = self.trials[-1]
+                if not trial.ok:
+                    self.stop_reason = f"{_workers(n)} failed: {trial.error}"
+                    return
             if faster(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
                 best, misses = trial, 0
                 if (trial.data_wait_frac or 0.0) < INPUT_SOLVED_WAIT:
@@ -226,6 +245,10 @@ class LoaderSearch:
             s = chosen.settings
         if self.budget.cuda and not s.pin_memory and (chosen.transfer_frac or 0.0) >= 0.01:
             yield dataclasses.replace(s, pin_memory=True)
+
+
+def _mean(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else (a + b) / 2
 
 
 def _workers(n: int) -> str:

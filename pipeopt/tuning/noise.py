@@ -9,7 +9,6 @@ differed by about that much, and by more while other work ran).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeopt.measure.window import WindowStats
@@ -29,14 +28,12 @@ class Rate:
         value = window.samples_per_s if window.samples_per_s else window.steps_per_s
         return cls(value=value, rel_se=window.rate_rel_se)
 
-    @classmethod
-    def pooled(cls, windows: Sequence[WindowStats]) -> Rate:
-        rates = [cls.of(w) for w in windows]
-        value = sum(r.value for r in rates) / len(rates)
-        rel_se = math.sqrt(sum(r.rel_se**2 for r in rates)) / len(rates)
-        if len(rates) > 1:  # the windows' disagreement is evidence of drift too
-            rel_se = max(rel_se, (max(r.value for r in rates) - min(r.value for r in rates)) / value / 2)
-        return cls(value=value, rel_se=rel_se)
+
+def combine(a: Rate, b: Rate) -> Rate:
+    """Two measurements of the same setting: their mean, with a standard error that also counts their disagreement."""
+    value = (a.value + b.value) / 2
+    rel_se = max(math.hypot(a.rel_se, b.rel_se) / 2, abs(a.value - b.value) / value / 2 if value else 0.0)
+    return Rate(value=value, rel_se=rel_se)
 
 
 def threshold(a: Rate, b: Rate, floor: float = DEFAULT_FLOOR) -> float:

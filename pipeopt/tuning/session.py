@@ -1,23 +1,28 @@
 """Loader tuning on the live run, start to finish: before-window, trials, choice, after-window, keep or revert.
 
 Every trial step is a real training step on the user's data in the user's order; only the loader's worker
-settings differ. Decisions are made between steps (``on_step_end``), never inside a fetch.
+settings differ. Decisions are made between steps (``on_step_end``), never inside a fetch, and only when a window
+closes - at the same step on every rank. There each rank's figures are agreed (``agree``: an element-wise
+maximum across ranks; the slowest rank's rate, the largest wait, any failure, any rank over budget), so every
+rank runs the same search on the same numbers and applies the same settings at the same step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.model import Change, Trial as ReportTrial
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
 
 
 class Switcher(Protocol):
     user_settings: LoaderSettings
     current: LoaderSettings
+    fallback: LoaderSettings
     failed: BaseException | None
 
     def switch(self, settings: LoaderSettings, *, timeout_s: float | None = None) -> None: ...
@@ -25,6 +30,44 @@ class Switcher(Protocol):
     def settle(self) -> None: ...
 
     def restore_user(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """One window's figures as all ranks agree on them."""
+
+    rate: Rate
+    data_wait_frac: float
+    transfer_frac: float
+    cpu_main_pct: float | None
+    cpu_workers_pct: float | None
+    worker_mem_bytes: int | None
+    failed: bool
+    over_budget: bool
+
+
+def _local_vector(stats: WindowStats, mem: int | None, failed: bool, over_budget: bool) -> list[float]:
+    """Figures arranged so that the element-wise maximum across ranks is the agreed value (rates negated)."""
+    res = stats.resources
+    rate = Rate.of(stats)
+    return [-rate.value, rate.rel_se, stats.data_wait_frac, stats.transfer_frac,
+            -1.0 if res.cpu_main_pct is None else res.cpu_main_pct,
+            -1.0 if res.cpu_workers_pct is None else res.cpu_workers_pct,
+            -1.0 if mem is None else float(mem), float(failed), float(over_budget)]
+
+
+def _agreed(vector: Sequence[float]) -> Agreed:
+    rate, se, wait, transfer, cpu_main, cpu_workers, mem, failed, over = vector
+    return Agreed(
+        rate=Rate(-rate, se),
+        data_wait_frac=wait,
+        transfer_frac=transfer,
+        cpu_main_pct=None if cpu_main < 0 else cpu_main,
+        cpu_workers_pct=None if cpu_workers < 0 else cpu_workers,
+        worker_mem_bytes=None if mem < 0 else int(mem),
+        failed=failed > 0,
+        over_budget=over > 0,
+    )
 
 
 def _in_flight(settings: LoaderSettings) -> int:
@@ -39,13 +82,19 @@ class LoaderSession:
         *,
         budget: Budget,
         budget_s: float,
-        reset_meter: Callable[[str, int, int], None],
+        reset_meter: Callable[[str, int, int, int], None],
+        window: int = 20,
+        epoch_steps: int | None = None,
         clock: Callable[[], float],
         say: Callable[[str], None] = lambda line: None,
         worker_memory: Callable[[], int | None] = lambda: None,
+        agree: Callable[[list[float]], list[float]] = lambda values: values,
         floor: float = DEFAULT_FLOOR,
         min_trial_timeout_s: float = 10.0,
     ) -> None:
+        self._agree = agree
+        self._window = window
+        self._epoch_steps = epoch_steps
         self._switcher = switcher
         self._budget = budget
         self._budget_s = budget_s
@@ -60,7 +109,9 @@ class LoaderSession:
         self._search: LoaderSearch | None = None
         self._trial: LoaderSettings | None = None
         self._started: float | None = None
-        self._afters: list[WindowStats] = []
+        self._after_rates: list[Rate] = []
+        self._before_rate: Rate | None = None
+        self._failure: BaseException | None = None
         self.before: WindowStats | None = None
         self.after: WindowStats | None = None
         self.chosen: Trial | None = None
@@ -73,52 +124,60 @@ class LoaderSession:
         self._pending = stats
 
     def on_step_end(self) -> None:
-        if self.state == "trial" and self._switcher.failed is not None:
-            err, self._switcher.failed = self._switcher.failed, None
-            self._trial_failed(err)
-            return
+        if self._switcher.failed is not None:  # a loader failed and was replaced; judged when the window closes
+            self._failure, self._switcher.failed = self._switcher.failed, None
+            if self.state == "done":
+                self.notes.append(f"after tuning, the loader's workers failed ({_first_line(self._failure)}); "
+                                  f"the run continued with {self._switcher.current.describe()}")
+                self._failure = None
         if self._pending is None or self.state == "done":
             return
         stats, self._pending = self._pending, None
-        {"before": self._on_before, "trial": self._on_trial, "after": self._on_after}[self.state](stats)
+        over_budget = self._started is not None and self._clock() - self._started > self._budget_s
+        mem = self._worker_memory() if self._switcher.current.num_workers else None
+        agreed = _agreed(self._agree(_local_vector(stats, mem, self._failure is not None, over_budget)))
+        failure, self._failure = self._failure, None
+        {"before": self._on_before, "trial": self._on_trial, "after": self._on_after}[self.state](
+            stats, agreed, failure)
 
     # -- phases ---------------------------------------------------------------------------------------------
-    def _on_before(self, stats: WindowStats) -> None:
+    def _on_before(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.before = stats
-        baseline = self._trial_of(self._switcher.user_settings, stats)
+        self._before_rate = agreed.rate
+        baseline = self._trial_of(self._switcher.user_settings, agreed)
         self._search = LoaderSearch(baseline, self._budget, floor=self._floor)
         self._started = self._clock()
-        self._next_trial()
+        self._next_trial(over_budget=False)
 
-    def _on_trial(self, stats: WindowStats) -> None:
+    def _on_trial(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         search = self._search
         if search is None or self._trial is None:
             raise RuntimeError("pipeopt: a trial window arrived without a trial")
-        trial = self._trial_of(self._trial, stats)
-        search.record(trial)
-        self._say(f"trial {len(search.trials) - 1}: {trial.settings.describe()} -> "
-                  f"{trial.rate.value:,.1f} samples/s, data wait {trial.data_wait_frac:.0%}")  # type: ignore[union-attr]
-        self._next_trial()
+        if agreed.failed:
+            error = _first_line(failure) if failure is not None else "a loader worker failed on another rank"
+            search.record(Trial(self._trial, None, error=error))
+            self._say(f"trial {len(search.trials) - 1}: {self._trial.describe()} failed ({error}); "
+                      f"continuing with {self._switcher.fallback.describe()}")
+        else:
+            search.record(self._trial_of(self._trial, agreed))
+            pooled = search.trials[-1]
+            again = f" (pooled over {pooled.repeats} windows)" if pooled.repeats > 1 else ""
+            self._say(f"trial {len(search.trials) - 1}: {pooled.settings.describe()} -> "
+                      f"{agreed.rate.value:,.1f} samples/s{again}, data wait {agreed.data_wait_frac:.0%}")
+        self._next_trial(agreed.over_budget)
 
-    def _trial_failed(self, err: BaseException) -> None:
-        if self._search is None or self._trial is None:
-            raise RuntimeError("pipeopt: a trial failure arrived without a trial") from err
-        self._search.record(Trial(self._trial, None, error=f"{type(err).__name__}: {err}".splitlines()[0]))
-        self._say(f"trial {len(self._search.trials) - 1}: {self._trial.describe()} failed ({err}); "
-                  f"continuing with {self._switcher.current.describe()}")
-        self._pending = None
-        self._next_trial()
-
-    def _next_trial(self) -> None:
+    def _next_trial(self, over_budget: bool) -> None:
         search = self._search
         if search is None:
             return
-        over_budget = self._started is not None and self._clock() - self._started > self._budget_s
         candidate = None if over_budget else search.propose()
         if over_budget:
             self.notes.append(f"the tuning budget ({self._budget_s:g} s) ran out; chose among the trials so far")
         if candidate is not None:
-            self._apply(candidate, label="trial", timeout_s=self._trial_timeout())
+            if candidate == self._switcher.current and candidate == self._trial:
+                self._measure(f"trial (repeat): {candidate.describe()}", 0, candidate)
+            else:
+                self._apply(candidate, label="trial", timeout_s=self._trial_timeout())
             self._trial = candidate
             self.state = "trial"
             return
@@ -134,7 +193,9 @@ class LoaderSession:
         user = self._switcher.user_settings
         if self.chosen.settings == user:
             if self._switcher.current != user:
-                self._apply(user, label="user settings", timeout_s=None)
+                reverted_from = self._switcher.current
+                self._switcher.restore_user()
+                self._measure("your settings", _in_flight(reverted_from) + _in_flight(user))
             self._switcher.settle()
             self.notes.append(f"kept your loader settings ({user.describe()}): no trial was faster beyond noise")
             self.state = "done"
@@ -142,28 +203,33 @@ class LoaderSession:
         if self._switcher.current != self.chosen.settings:
             self._apply(self.chosen.settings, label="after", timeout_s=None)
         else:
-            self._reset_meter("after", 0, 2 * _in_flight(self.chosen.settings))
+            self._measure("after", 0, self.chosen.settings)
         self._switcher.settle()
         self.state = "after"
 
-    def _on_after(self, stats: WindowStats) -> None:
-        self._afters.append(stats)
-        before = Rate.of(self.before)  # type: ignore[arg-type]
-        after = Rate.pooled(self._afters)
+    def _on_after(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.after = stats
-        if faster(after, before, self._floor):
+        if agreed.failed:
+            self._revert(f"the chosen loader's workers failed in the after-window "
+                         f"({_first_line(failure) if failure else 'on another rank'})")
+            return
+        self._after_rates.append(agreed.rate)
+        before = self._before_rate
+        after = self._after_rates[0] if len(self._after_rates) == 1 else combine(*self._after_rates[:2])
+        if before is None or faster(after, before, self._floor):
             self._keep()
             return
-        if len(self._afters) < 2:  # within noise: measure once more before giving up
-            self._reset_meter("after", 0, 2 * _in_flight(self._switcher.current))
+        if len(self._after_rates) < 2:  # within noise: measure once more before giving up
+            self._measure("after", 0, self._switcher.current)
             return
+        self._revert(f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not "
+                     "faster beyond noise")
+
+    def _revert(self, why: str) -> None:
         reverted_from = self._switcher.current
         self._switcher.restore_user()
-        self._reset_meter("reverted", _in_flight(reverted_from) + 1, 0)
-        self.notes.append(
-            f"reverted to your loader settings: after the change {after.value:,.1f} samples/s against "
-            f"{before.value:,.1f} before - not faster beyond noise"
-        )
+        self._measure("reverted", _in_flight(reverted_from) + 1)
+        self.notes.append(f"reverted to your loader settings: {why}")
         self.state = "done"
 
     def _keep(self) -> None:
@@ -172,7 +238,7 @@ class LoaderSession:
             raise RuntimeError("pipeopt: nothing was chosen to keep")
         user = self._switcher.user_settings
         trial_rate = chosen.rate.value if chosen.rate else float("nan")
-        before_rate = Rate.of(self.before).value
+        before_rate = self._before_rate.value if self._before_rate else float("nan")
         for knob, old in user.as_kwargs().items():
             new = getattr(chosen.settings, knob)
             if new == old:
@@ -196,31 +262,73 @@ class LoaderSession:
         queue long, so the queue's state at either end of the window moves the rate by little."""
         previous = self._switcher.current
         self._switcher.switch(settings, timeout_s=timeout_s)
-        self._reset_meter(f"{label}: {settings.describe()}", _in_flight(previous) + _in_flight(settings),
-                          2 * _in_flight(settings))
+        self._measure(f"{label}: {settings.describe()}", _in_flight(previous) + _in_flight(settings), settings)
+
+    def _measure(self, label: str, skip: int, settings: LoaderSettings | None = None) -> None:
+        """Skip ``skip`` steps, then measure windows shaped for ``settings`` (None: the default window)."""
+        if settings is None:
+            self._reset_meter(label, skip, 0, 5)
+            return
+        length = max(self._window, 2 * _in_flight(settings))
+        epoch = self._epoch_steps
+        if epoch and epoch <= length:  # short epochs: whole ones, so each window holds as many epoch starts
+            epochs = max(2, -(-length // epoch))
+            self._reset_meter(label, skip, epochs * epoch, epochs)
+        else:
+            self._reset_meter(label, skip, length, 5)
 
     def _trial_timeout(self) -> float:
         step = self.before.step_time_s if self.before else 0.0
         return max(self._min_timeout, 20.0 * step)
 
-    def _trial_of(self, settings: LoaderSettings, stats: WindowStats) -> Trial:
-        res = stats.resources
+    @staticmethod
+    def _trial_of(settings: LoaderSettings, agreed: Agreed) -> Trial:
         return Trial(
             settings=settings,
-            rate=Rate.of(stats),
-            data_wait_frac=stats.data_wait_frac,
-            transfer_frac=stats.transfer_frac,
-            cpu_main_pct=res.cpu_main_pct,
-            cpu_workers_pct=res.cpu_workers_pct,
-            worker_mem_bytes=self._worker_memory() if settings.num_workers else None,
+            rate=agreed.rate,
+            data_wait_frac=agreed.data_wait_frac,
+            transfer_frac=agreed.transfer_frac,
+            cpu_main_pct=agreed.cpu_main_pct,
+            cpu_workers_pct=agreed.cpu_workers_pct,
+            worker_mem_bytes=agreed.worker_mem_bytes,
         )
+
+    def finish(self) -> None:
+        """The fit ended mid-trial: a failure already seen is still recorded (no window is agreed on now)."""
+        failure = self._failure or self._switcher.failed
+        self._failure = self._switcher.failed = None
+        if self.state == "trial" and failure is not None and self._search is not None and self._trial is not None:
+            self._search.record(Trial(self._trial, None, error=_first_line(failure)))
+
+    def restore(self, settings: LoaderSettings | None) -> None:
+        """Resume: apply the settings an earlier run of this fit kept (None: it kept the user's), without trials."""
+        user = self._switcher.user_settings
+        self.state = "done"
+        if settings is None or settings == user:
+            self.notes.append("resumed from a checkpoint whose tuning kept your loader settings; no trials")
+            return
+        self._switcher.switch(settings)
+        self._switcher.settle()
+        self._measure("restored", _in_flight(user) + _in_flight(settings))
+        self.chosen = Trial(settings, None)
+        for knob, old in user.as_kwargs().items():
+            new = getattr(settings, knob)
+            if new != old:
+                self.changes.append(Change(knob, old, new, "kept by the run this one resumes (from its checkpoint)"))
+        self.suggestion = "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in self.changes) + ")"
+        self.notes.append("resumed from a checkpoint: applied its tuned loader settings without trials")
+
+    @property
+    def kept(self) -> LoaderSettings | None:
+        """The settings tuning kept (None: the user's), once it is done."""
+        return self.chosen.settings if self.state == "done" and self.changes and self.chosen else None
 
     # -- for the report -------------------------------------------------------------------------------------
     @property
     def predicted_speedup(self) -> float | None:
-        if self.chosen is None or self.chosen.rate is None or self.before is None or not self.changes:
+        if self.chosen is None or self.chosen.rate is None or self._before_rate is None or not self.changes:
             return None
-        return self.chosen.rate.value / Rate.of(self.before).value
+        return self.chosen.rate.value / self._before_rate.value
 
     def report_trials(self) -> list[ReportTrial]:
         if self._search is None:
@@ -235,3 +343,13 @@ class LoaderSession:
                 error=trial.error,
             ))
         return out
+
+
+def _first_line(err: BaseException | None) -> str:
+    """An error in one line: its first, and - for errors re-raised from a worker, whose message is a
+    traceback - the original exception on its last."""
+    if err is None:
+        return ""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    text = f"{type(err).__name__}: {lines[0] if lines else ''}"
+    return f"{text} ... {lines[-1]}" if len(lines) > 1 else text

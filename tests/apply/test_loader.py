@@ -9,8 +9,8 @@ from torch.utils.data import DataLoader
 
 from pipeopt import _compat
 from pipeopt.apply.handover import Handover
-from pipeopt.apply.index_stream import IndexStream, ResumingSampler, peek_seed
-from pipeopt.apply.loader import build_loader, unsupported, user_epoch_draw
+from pipeopt.apply.index_stream import IndexStream, peek_seed
+from pipeopt.apply.loader import start_loader, unsupported
 from pipeopt.tuning.loader_search import LoaderSettings
 from tests.apply.datasets import CrashesWithManyWorkers, Indexed
 
@@ -35,11 +35,7 @@ def reference_epochs(workers, epochs=2):
 
 def start(user, settings, stream, timeout=None):
     private = torch.Generator().manual_seed(peek_seed(user.generator))
-    loader = build_loader(user, settings, first=stream, before_epoch=user_epoch_draw(user, private),
-                          generator=private, timeout=timeout)
-    iterator = iter(loader)
-    _compat.detach_worker_watch(iterator)
-    return iterator, loader
+    return start_loader(user, settings, first=stream, generator=private, timeout=timeout)
 
 
 @pytest.mark.parametrize("user_workers", [0, 2])

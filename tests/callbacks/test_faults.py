@@ -1,0 +1,126 @@
+"""Faults during loader tuning: the run completes (or stops as asked), the user's data is intact, the report says
+what happened, and no process or thread is left behind."""
+
+import errno
+import io
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import pytorch_lightning as pl
+from rich.console import Console
+from torch.utils.data import DataLoader, get_worker_info
+
+from pipeopt import PipeOpt
+from pipeopt.measure.tap import ProfilerTap
+from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs
+
+
+def tuner(**kwargs):
+    kwargs.setdefault("tune", ("loader",))
+    kwargs.setdefault("window", 4)
+    kwargs.setdefault("warmup", 2)
+    kwargs.setdefault("report_dir", None)
+    kwargs.setdefault("console", Console(file=io.StringIO(), width=120))
+    return PipeOpt(**kwargs)
+
+
+def fit(callbacks, dataset, model=None, epochs=1):
+    pl.seed_everything(3, verbose=False)
+    model = model or Regressor()
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
+    trainer.fit(model, DataLoader(dataset, batch_size=8, shuffle=True))
+    return model, trainer
+
+
+@pytest.fixture
+def no_leaks():
+    threads = threading.active_count()
+    yield
+    deadline = time.monotonic() + 10
+    while (psutil.Process().children() or threading.active_count() > threads) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert psutil.Process().children() == []
+    assert threading.active_count() == threads
+
+
+def in_worker_of_at_least(n):
+    info = get_worker_info()
+    return info is not None and info.num_workers >= n
+
+
+class HangsWithTwoWorkers(SleepyDataset):
+    def __getitem__(self, i):
+        if in_worker_of_at_least(2):
+            time.sleep(600)
+        return super().__getitem__(i)
+
+
+class SharedMemoryFullWithTwoWorkers(SleepyDataset):
+    def __getitem__(self, i):
+        if in_worker_of_at_least(2):  # what torch raises in a worker when /dev/shm is full
+            raise RuntimeError(f"unable to write to file </torch_{os.getpid()}_1_0>: No space left on device (28)")
+        return super().__getitem__(i)
+
+
+class MissingSample(SleepyDataset):
+    def __getitem__(self, i):
+        if i == 37:
+            raise KeyError(f"sample {i} is missing from the store")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize(
+    ("dataset_cls", "error"),
+    [(HangsWithTwoWorkers, "timed out"), (SharedMemoryFullWithTwoWorkers, "No space left on device")],
+)
+def test_a_hanging_or_shm_starved_candidate_is_discarded(no_leaks, dataset_cls, error):
+    data = dataset_cls(n=1024, delay_s=0.003)
+    plain, _ = fit([], SleepyDataset(n=1024, delay_s=0.003))
+    callback = tuner(budget_s=30)
+    tuned, trainer = fit([callback], data)
+    assert tuned.seen == plain.seen
+    failed = [t for t in callback.report.trials if t.status == "failed"]
+    assert failed and failed[0].settings["num_workers"] == 2 and error in failed[0].error
+    assert trainer.train_dataloader.num_workers < 2
+
+
+def test_the_users_dataset_error_surfaces_unchanged(no_leaks):
+    callback = tuner()
+    with pytest.raises(KeyError, match="sample 37 is missing from the store"):
+        fit([callback], MissingSample(n=256, delay_s=0.003))
+
+
+def test_keyboard_interrupt_during_tuning_stops_cleanly(no_leaks):
+    class Interrupted(Regressor):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 30:
+                raise KeyboardInterrupt
+            return super().training_step(batch, batch_idx)
+
+    callback = tuner()
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[callback], **quiet_trainer_kwargs())
+    try:
+        with pytest.raises(SystemExit):  # Lightning's graceful shutdown exits after tearing down
+            trainer.fit(Interrupted(), DataLoader(SleepyDataset(n=512, delay_s=0.003), batch_size=8))
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after one
+    assert callback.windows and callback.windows[-1].label.startswith("trial")  # it was tuning
+    assert not isinstance(trainer.profiler, ProfilerTap)
+
+
+def test_a_full_disk_for_the_report_warns_and_training_goes_on(tmp_path, monkeypatch):
+    import pipeopt.report.json_io as json_io
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json_io.json, "dump", full)
+    callback = tuner(tune=(), report_dir=tmp_path)
+    with pytest.warns(UserWarning, match="could not write its report.*No space left on device"):
+        _, trainer = fit([callback], SleepyDataset(n=96, delay_s=0.0))
+    assert trainer.state.finished and list(tmp_path.iterdir()) == []

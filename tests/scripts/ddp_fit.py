@@ -1,0 +1,47 @@
+"""A 2-rank CPU DDP fit (gloo), run as its own process: Lightning's `ddp` strategy relaunches this script for
+rank 1, which under pytest would relaunch the test session.
+
+    python tests/scripts/ddp_fit.py OUT_DIR {pipeopt|plain}
+
+Each rank writes OUT_DIR/<mode>-rank<r>.json: the samples it saw, its final loader settings and its trials.
+"""
+
+import io
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pytorch_lightning as pl  # noqa: E402
+from rich.console import Console  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from pipeopt import PipeOpt  # noqa: E402
+from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs  # noqa: E402
+
+
+def main() -> None:
+    out, mode = Path(sys.argv[1]), sys.argv[2]
+    pl.seed_everything(1, verbose=False)
+    callbacks = []
+    if mode == "pipeopt":
+        callbacks.append(PipeOpt(tune=("loader",), window=4, warmup=2, budget_s=3, report_dir=out / "reports",
+                                 console=Console(file=io.StringIO())))
+    model = Regressor()
+    trainer = pl.Trainer(max_epochs=2, strategy="ddp", callbacks=callbacks,
+                         **quiet_trainer_kwargs(devices=2))
+    trainer.fit(model, DataLoader(SleepyDataset(n=768, delay_s=0.003), batch_size=8, shuffle=True))
+    loader = trainer.train_dataloader
+    result = {
+        "seen": model.seen,
+        "num_workers": loader.num_workers,
+        "persistent_workers": loader.persistent_workers,
+        "trials": [t.settings for t in callbacks[0].report.trials] if callbacks else [],
+        "changes": [[c.knob, c.after] for c in callbacks[0].report.changes] if callbacks else [],
+    }
+    (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Loader tuning under DDP: 2 CPU ranks (gloo), each fit run as a separate process (see scripts/ddp_fit.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_fit.py"
+
+
+def run(out: Path, mode: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE",
+                                                                    "MASTER_", "PL_"))}
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), mode], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_both_ranks_apply_the_same_settings_and_see_what_they_would_have(tmp_path):
+    plain = run(tmp_path, "plain")
+    tuned = run(tmp_path, "pipeopt")
+    for rank in (0, 1):  # the DistributedSampler's shard, in its order, epoch after epoch
+        assert tuned[rank]["seen"] == plain[rank]["seen"]
+    assert tuned[0]["trials"] == tuned[1]["trials"] and len(tuned[0]["trials"]) >= 2
+    assert tuned[0]["changes"] == tuned[1]["changes"]
+    assert (tuned[0]["num_workers"], tuned[0]["persistent_workers"]) == (
+        tuned[1]["num_workers"], tuned[1]["persistent_workers"])
+    assert len(list((tmp_path / "reports").glob("*.json"))) == 1  # written once, by rank zero
