@@ -30,7 +30,9 @@ class Stopwatch(pl.Callback):
 
 
 def quiet_pipeopt(**kwargs: Any) -> PipeOpt:
+    """A PipeOpt that prints and writes nothing, and tunes from scratch every run (no cache)."""
     kwargs.setdefault("report_dir", None)
+    kwargs.setdefault("cache", False)
     return PipeOpt(console=Console(file=io.StringIO()), **kwargs)
 
 

@@ -7,6 +7,7 @@ Lightning upgrade that renames one of these breaks this file only; the callback 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
@@ -26,6 +27,17 @@ Callback = _pl.Callback
 FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
 #: forward + backward + optimizer step of one batch (``automatic`` and ``manual`` optimization alike).
 COMPUTE_ACTION = "run_training_batch"
+
+
+def trainer_classes() -> list[type]:
+    """The Trainer classes of every installed Lightning namespace (``pytorch_lightning``, ``lightning.pytorch``)."""
+    found = []
+    for module in ("pytorch_lightning", "lightning.pytorch"):
+        try:
+            found.append(importlib.import_module(module).Trainer)
+        except ImportError:
+            continue
+    return found
 
 
 def transfer_action(trainer: Any) -> str:

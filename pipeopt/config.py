@@ -44,6 +44,7 @@ class PipeOptConfig:
     warmup: int = 5
     report_dir: Path | None = Path("pipeopt_reports")
     cache: bool | Path = True
+    stop_when_tuned: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen dataclass: normalise in place
@@ -66,6 +67,8 @@ class PipeOptConfig:
             set_(self, "cache", Path(self.cache))
         elif not isinstance(self.cache, bool):
             raise _bad("cache", self.cache, "True, False or a file path")
+        if not isinstance(self.stop_when_tuned, bool):
+            raise _bad("stop_when_tuned", self.stop_when_tuned, "True or False")
 
     @property
     def observe_only(self) -> bool:

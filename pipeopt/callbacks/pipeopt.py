@@ -15,6 +15,8 @@ from pipeopt import _compat
 from pipeopt._compat import Callback, rank_zero_warn
 from pipeopt.config import TUNE_GROUPS, PathLike, PipeOptConfig
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
+from pipeopt.cache import TunedCache, default_path, fingerprint
+from pipeopt.callbacks.fingerprint import fit_parts
 from pipeopt.measure.batch import batch_size
 from pipeopt.measure.cpu import CpuMeter, worker_private_memory
 from pipeopt.measure.device import clock_for
@@ -25,6 +27,7 @@ from pipeopt.measure.tap import ProfilerTap
 from pipeopt.measure.window import WindowMeter, WindowStats
 from pipeopt.report import environment
 from pipeopt.report.console import print_report
+from pipeopt.report.html import write_html
 from pipeopt.report.json_io import write_report
 from pipeopt.report.metrics import summary_metrics, window_metrics
 from pipeopt.report.model import Report, Skipped
@@ -57,7 +60,11 @@ class PipeOpt(Callback):
         window: optimizer steps per measurement window (>= 2).
         warmup: optimizer steps ignored at the start of fit (>= 0).
         report_dir: directory for the JSON report; ``None`` writes no file.
-        cache: reuse tuned configurations across runs (``True``, ``False`` or a file path).
+        cache: reuse tuned configurations across runs (``True``: the default location, see
+            :mod:`pipeopt.cache`; ``False``: off; or a file path). A run whose fingerprint (model, dataset,
+            loader arguments, accelerator, CPUs, versions) matches applies the cached configuration at once,
+            verifies it with one window and tunes afresh only if that fails.
+        stop_when_tuned: stop the fit cleanly once tuning and its after-window are done (``pipeopt tune``).
         console: where the table is printed (default: a new ``rich.console.Console``).
         clock: host clock, seconds (injectable for tests).
     """
@@ -72,6 +79,7 @@ class PipeOpt(Callback):
         warmup: int = 5,
         report_dir: PathLike | None = "pipeopt_reports",
         cache: bool | PathLike = True,
+        stop_when_tuned: bool = False,
         console: Console | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -83,11 +91,14 @@ class PipeOpt(Callback):
             warmup=warmup,
             report_dir=report_dir,  # type: ignore[arg-type]
             cache=cache,  # type: ignore[arg-type]
+            stop_when_tuned=stop_when_tuned,
         )
         self._console = console
         self._clock = clock
         self.report: Report | None = None
-        self.report_path: Path | None = None
+        self.report_path: Path | None = None  # the JSON report
+        self.html_path: Path | None = None  # the same report as an HTML page with charts
+        self.cache_path: Path | None = None  # the tuning cache this fit used
         self.windows: list[WindowStats] = []
         self._restored: dict[str, Any] | None = None  # tuned state from a checkpoint, applied at train start
         self._reset_run_state()
@@ -103,13 +114,16 @@ class PipeOpt(Callback):
         self._env: environment.Environment | None = None
         self._switcher: LoaderSwitcher | None = None
         self._session: LoaderSession | None = None
+        self._cache: TunedCache | None = None
+        self._cache_key: str | None = None
+        self._done_at_window: int | None = None
 
     # -- set-up and clean-up ------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
         self.windows = []
-        self.report = self.report_path = None
+        self.report = self.report_path = self.html_path = self.cache_path = None
         self._trainer = trainer
         missing = sorted(self.config.tune - IMPLEMENTED_GROUPS, key=TUNE_GROUPS.index)
         if missing:
@@ -208,8 +222,18 @@ class PipeOpt(Callback):
         if restored is not None:
             loader = restored.get("loader")
             self._session.restore(LoaderSettings(**loader) if loader else None)
-        else:
-            meter.label = "before"  # type: ignore[union-attr]
+            return
+        meter.label = "before"  # type: ignore[union-attr]
+        if self.config.cache is not False:
+            path = default_path() if self.config.cache is True else Path(self.config.cache)  # type: ignore[arg-type]
+            self._cache = TunedCache(path)
+            self.cache_path = path
+            self._cache_key = fingerprint(fit_parts(trainer, trainer.lightning_module, flattened[0]))
+            # Rank zero's entry for every rank: the same decision everywhere, whatever each node's cache holds.
+            entry = trainer.strategy.broadcast(self._cache.get(self._cache_key) if trainer.is_global_zero else None)
+            if entry is not None and "loader" in entry and "samples_per_s" in entry:
+                cached = LoaderSettings(**entry["loader"]) if entry["loader"] else None
+                self._session.verify_cached(cached, float(entry["samples_per_s"]))
 
     def _agree(self, values: list[float]) -> list[float]:
         """Element-wise maximum over all ranks (identity on one process)."""
@@ -249,6 +273,19 @@ class PipeOpt(Callback):
             self._timer.batch_ended(batch_size(batch), trainer.global_step > self._step_at_batch_start)
         if self._session is not None:
             self._session.on_step_end()
+        if self.config.stop_when_tuned and self._tuning_finished():
+            trainer.should_stop = True
+
+    def _tuning_finished(self) -> bool:
+        """Tuning is over and a window was measured after it (the session's own after-window counts)."""
+        session = self._session
+        if session is not None and session.state != "done":
+            return False
+        if session is not None and session.after is not None:
+            return True
+        if self._done_at_window is None:
+            self._done_at_window = len(self.windows)
+        return len(self.windows) > max(self._done_at_window, 1)
 
     def _on_window(self, stats: WindowStats) -> None:
         self.windows.append(stats)
@@ -273,15 +310,33 @@ class PipeOpt(Callback):
         self.report = report
         if not trainer.is_global_zero:
             return
+        self._remember(report)
         for logger in trainer.loggers:
             logger.log_metrics(summary_metrics(report), step=trainer.global_step)
         print_report(report, self._console)
         if self.config.report_dir is not None:
             try:
                 self.report_path = write_report(report, self.config.report_dir)
+                self.html_path = write_html(report, self.report_path.with_suffix(".html"))
             except OSError as err:
                 rank_zero_warn(f"PipeOpt could not write its report to {self.config.report_dir}: {err}. "
                                "Training results are unaffected; pass `report_dir=` a writable directory.")
+
+    def _remember(self, report: Report) -> None:
+        """Put what tuning kept in the cache (rank zero; a failure to write only warns)."""
+        session, cache, key = self._session, self._cache, self._cache_key
+        if session is None or cache is None or key is None or session.state != "done" or session.from_cache:
+            return
+        rate = session.after_rate or (report.before.samples_per_s if report.before else None)
+        if not rate:
+            return
+        kept = session.kept
+        entry = {"loader": kept.as_kwargs() if kept else None, "samples_per_s": rate, "created": report.created}
+        try:
+            cache.put(key, entry)
+        except OSError as err:
+            rank_zero_warn(f"PipeOpt could not write the tuning cache {cache.path}: {err}. Training results are "
+                           "unaffected; pass `cache=` a writable path or `cache=False`.")
 
     def _build_report(self) -> Report:
         windows = self.windows

@@ -112,7 +112,7 @@ def _trials_table(report: Report) -> Table:
     table.add_column("data wait", justify="right")
     table.add_column("status")
     for i, trial in enumerate(report.trials):
-        settings = _settings_text(trial.settings)
+        settings = settings_text(trial.settings)
         rate = "-" if trial.samples_per_s is None else f"{trial.samples_per_s:,.1f}"
         wait = "-" if trial.data_wait_frac is None else _pct(trial.data_wait_frac)
         status = trial.status if trial.error is None else f"{trial.status}: {trial.error}"
@@ -130,7 +130,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
     (console or Console()).print(render(report))
 
 
-def _settings_text(settings: dict[str, object]) -> str:
+def settings_text(settings: dict[str, object]) -> str:
     """Loader settings in a few words: "4 workers, prefetch 2, persistent, pinned"."""
     workers = settings.get("num_workers")
     parts = [f"{workers} worker{'s' if workers != 1 else ''}" if workers else "main process"]

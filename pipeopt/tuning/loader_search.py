@@ -8,7 +8,7 @@ The search (a plan, fed one measured trial at a time):
    must fit those CPUs (workers that mostly wait on storage use little CPU and may outnumber the cores), and
    their measured private memory must fit the memory available.
 3. Refine: the midpoints between the best count and its tried neighbours.
-4. The choice: the cheapest setting (fewest workers) within noise of the fastest.
+4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise.
 5. Extras on the choice, each kept only if faster beyond noise: ``prefetch_factor=4`` when some wait remains;
    ``pin_memory=True`` on CUDA when transfers take time. ``persistent_workers`` is set where workers would
    otherwise restart at every remaining epoch boundary.
@@ -135,15 +135,17 @@ class LoaderSearch:
         self.trials.append(trial)
 
     def choice(self) -> Trial:
-        """The cheapest measured setting within noise of the fastest (the baseline if nothing beat it)."""
-        ok = [t for t in self.trials if t.ok]
-        fastest = max(ok, key=lambda t: t.rate.value)  # type: ignore[union-attr]
-        near = [t for t in ok if within_noise(t.rate, fastest.rate, self.floor)]  # type: ignore[arg-type]
+        """The cheapest measured setting that no other measured setting beats beyond noise (the baseline if
+        nothing beat it). A setting that failed even once is never chosen."""
+        failed = {t.settings for t in self.trials if not t.ok}
+        ok = [t for t in self.trials if t.ok and t.settings not in failed]
+        unbeaten = [t for t in ok if not any(faster(u.rate, t.rate, self.floor) for u in ok)]  # type: ignore[arg-type]
+
         def cost(t: Trial) -> tuple:
             s = t.settings
             return (s.num_workers, s.prefetch_factor or 0, s.pin_memory, -t.rate.value)  # type: ignore[union-attr]
 
-        return min(near, key=cost)
+        return min(unbeaten or ok, key=cost)
 
     # -- the plan ---------------------------------------------------------------------------------------
     def _tried(self, settings: LoaderSettings) -> Trial | None:

@@ -32,6 +32,11 @@ class Switcher(Protocol):
     def restore_user(self) -> None: ...
 
 
+#: A cached configuration verifies when one window reaches its cached rate within this share (a single window on a
+#: shared machine; re-tuning costs far more than a few percent).
+VERIFY_TOLERANCE = 0.20
+
+
 @dataclass(frozen=True)
 class Agreed:
     """One window's figures as all ranks agree on them."""
@@ -112,12 +117,17 @@ class LoaderSession:
         self._after_rates: list[Rate] = []
         self._before_rate: Rate | None = None
         self._failure: BaseException | None = None
+        # The settings this session last put in place - the same on every rank, unlike the switcher's current
+        # settings on a rank whose trial failed - so every rank skips and measures the same steps.
+        self._applied: LoaderSettings = switcher.user_settings
         self.before: WindowStats | None = None
         self.after: WindowStats | None = None
         self.chosen: Trial | None = None
         self.changes: list[Change] = []
         self.notes: list[str] = []
         self.suggestion: str | None = None
+        self.from_cache = False
+        self._expected: Rate | None = None
 
     # -- events ---------------------------------------------------------------------------------------------
     def on_window(self, stats: WindowStats) -> None:
@@ -137,8 +147,8 @@ class LoaderSession:
         mem = self._worker_memory() if self._switcher.current.num_workers else None
         agreed = _agreed(self._agree(_local_vector(stats, mem, self._failure is not None, over_budget)))
         failure, self._failure = self._failure, None
-        {"before": self._on_before, "trial": self._on_trial, "after": self._on_after}[self.state](
-            stats, agreed, failure)
+        {"before": self._on_before, "trial": self._on_trial, "after": self._on_after, "verify": self._on_verify}[
+            self.state](stats, agreed, failure)
 
     # -- phases ---------------------------------------------------------------------------------------------
     def _on_before(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
@@ -163,7 +173,7 @@ class LoaderSession:
             pooled = search.trials[-1]
             again = f" (pooled over {pooled.repeats} windows)" if pooled.repeats > 1 else ""
             self._say(f"trial {len(search.trials) - 1}: {pooled.settings.describe()} -> "
-                      f"{agreed.rate.value:,.1f} samples/s{again}, data wait {agreed.data_wait_frac:.0%}")
+                      f"{pooled.rate.value:,.1f} samples/s{again}, data wait {pooled.data_wait_frac:.0%}")  # type: ignore[union-attr]
         self._next_trial(agreed.over_budget)
 
     def _next_trial(self, over_budget: bool) -> None:
@@ -174,7 +184,7 @@ class LoaderSession:
         if over_budget:
             self.notes.append(f"the tuning budget ({self._budget_s:g} s) ran out; chose among the trials so far")
         if candidate is not None:
-            if candidate == self._switcher.current and candidate == self._trial:
+            if candidate == self._trial:  # a repeat: keep the loader, measure another window
                 self._measure(f"trial (repeat): {candidate.describe()}", 0, candidate)
             else:
                 self._apply(candidate, label="trial", timeout_s=self._trial_timeout())
@@ -192,15 +202,16 @@ class LoaderSession:
         self.chosen = search.choice()
         user = self._switcher.user_settings
         if self.chosen.settings == user:
-            if self._switcher.current != user:
-                reverted_from = self._switcher.current
+            if self._applied != user:
+                reverted_from = self._applied
                 self._switcher.restore_user()
+                self._applied = user
                 self._measure("your settings", _in_flight(reverted_from) + _in_flight(user))
             self._switcher.settle()
             self.notes.append(f"kept your loader settings ({user.describe()}): no trial was faster beyond noise")
             self.state = "done"
             return
-        if self._switcher.current != self.chosen.settings:
+        if self._applied != self.chosen.settings:
             self._apply(self.chosen.settings, label="after", timeout_s=None)
         else:
             self._measure("after", 0, self.chosen.settings)
@@ -220,14 +231,15 @@ class LoaderSession:
             self._keep()
             return
         if len(self._after_rates) < 2:  # within noise: measure once more before giving up
-            self._measure("after", 0, self._switcher.current)
+            self._measure("after", 0, self._applied)
             return
         self._revert(f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not "
                      "faster beyond noise")
 
     def _revert(self, why: str) -> None:
-        reverted_from = self._switcher.current
+        reverted_from = self._applied
         self._switcher.restore_user()
+        self._applied = self._switcher.user_settings
         self._measure("reverted", _in_flight(reverted_from) + 1)
         self.notes.append(f"reverted to your loader settings: {why}")
         self.state = "done"
@@ -239,20 +251,16 @@ class LoaderSession:
         user = self._switcher.user_settings
         trial_rate = chosen.rate.value if chosen.rate else float("nan")
         before_rate = self._before_rate.value if self._before_rate else float("nan")
-        for knob, old in user.as_kwargs().items():
-            new = getattr(chosen.settings, knob)
-            if new == old:
-                continue
+
+        def reason(knob: str) -> str:
             if knob == "persistent_workers":
-                reason = "workers would otherwise restart at every remaining epoch boundary"
-            elif knob == "prefetch_factor" and user.num_workers == 0:
-                reason = "comes with worker processes (torch's default)"
-            else:
-                reason = (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s in its trial; the cheapest setting "
-                          "within noise of the fastest")
-            self.changes.append(Change(knob, old, new, reason))
-        args = ", ".join(f"{c.knob}={c.after!r}" for c in self.changes)
-        self.suggestion = f"DataLoader(..., {args})"
+                return "workers would otherwise restart at every remaining epoch boundary"
+            if knob == "prefetch_factor" and user.num_workers == 0:
+                return "comes with worker processes (torch's default)"
+            return (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s in its trial; the cheapest setting no other trial "
+                    "beat beyond noise")
+
+        self._set_changes(chosen.settings, reason)
         self.state = "done"
 
     # -- helpers --------------------------------------------------------------------------------------------
@@ -260,7 +268,7 @@ class LoaderSession:
         """Switch, then skip the old loader's in-flight batches and the new loader's first queue-full (prefetched
         while the old one drained, it would flatter the new setting), and measure a window at least twice that
         queue long, so the queue's state at either end of the window moves the rate by little."""
-        previous = self._switcher.current
+        previous, self._applied = self._applied, settings
         self._switcher.switch(settings, timeout_s=timeout_s)
         self._measure(f"{label}: {settings.describe()}", _in_flight(previous) + _in_flight(settings), settings)
 
@@ -300,6 +308,52 @@ class LoaderSession:
         if self.state == "trial" and failure is not None and self._search is not None and self._trial is not None:
             self._search.record(Trial(self._trial, None, error=_first_line(failure)))
 
+    def verify_cached(self, settings: LoaderSettings | None, expected_rate: float) -> None:
+        """Apply a configuration cached by an earlier run and check it with one window against the rate it had
+        then; only if it falls short is the run tuned afresh."""
+        self.from_cache = True
+        self._expected = Rate(expected_rate, 0.0)
+        self.chosen = Trial(settings or self._switcher.user_settings, None)
+        if settings is not None and settings != self._switcher.user_settings:
+            self._apply(settings, label="cached", timeout_s=None)
+            self._switcher.settle()
+        else:
+            self._measure("cached: your settings", 0)
+        self.state = "verify"
+
+    def _on_verify(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
+        self.after = stats
+        expected = self._expected
+        if expected is not None and not agreed.failed and not faster(expected, agreed.rate, VERIFY_TOLERANCE):
+            settings = self.chosen.settings if self.chosen else self._switcher.user_settings
+            self._set_changes(settings, "cached by an earlier run of this fit; verified in one window "
+                              f"({agreed.rate.value:,.1f} samples/s, {expected.value:,.1f} when cached)")
+            self.notes.append("applied the cached loader configuration: no trials")
+            self.state = "done"
+            return
+        why = "its workers failed" if agreed.failed else (
+            f"{agreed.rate.value:,.1f} samples/s against {expected.value:,.1f} when cached" if expected else "")
+        self.notes.append(f"the cached loader configuration did not verify ({why}); tuned afresh")
+        self.from_cache = False
+        self.chosen = None
+        if self._applied != self._switcher.user_settings:
+            reverted_from = self._applied
+            self._switcher.restore_user()
+            self._applied = self._switcher.user_settings
+            self._measure("before", _in_flight(reverted_from) + _in_flight(self._applied))
+        else:
+            self._measure("before", 0)
+        self.state = "before"
+
+    def _set_changes(self, settings: LoaderSettings, reason: str | Callable[[str], str]) -> None:
+        """The knobs where ``settings`` differ from the user's, each with its reason, and the code to keep them."""
+        user = self._switcher.user_settings
+        why = reason if callable(reason) else (lambda knob: reason)
+        self.changes = [Change(knob, old, getattr(settings, knob), why(knob))
+                        for knob, old in user.as_kwargs().items() if getattr(settings, knob) != old]
+        if self.changes:
+            self.suggestion = "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in self.changes) + ")"
+
     def restore(self, settings: LoaderSettings | None) -> None:
         """Resume: apply the settings an earlier run of this fit kept (None: it kept the user's), without trials."""
         user = self._switcher.user_settings
@@ -309,14 +363,16 @@ class LoaderSession:
             return
         self._switcher.switch(settings)
         self._switcher.settle()
+        self._applied = settings
         self._measure("restored", _in_flight(user) + _in_flight(settings))
         self.chosen = Trial(settings, None)
-        for knob, old in user.as_kwargs().items():
-            new = getattr(settings, knob)
-            if new != old:
-                self.changes.append(Change(knob, old, new, "kept by the run this one resumes (from its checkpoint)"))
-        self.suggestion = "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in self.changes) + ")"
+        self._set_changes(settings, "kept by the run this one resumes (from its checkpoint)")
         self.notes.append("resumed from a checkpoint: applied its tuned loader settings without trials")
+
+    @property
+    def after_rate(self) -> float | None:
+        """The agreed rate of the last after-window (what a cache entry expects of its configuration)."""
+        return self._after_rates[-1].value if self._after_rates else None
 
     @property
     def kept(self) -> LoaderSettings | None:

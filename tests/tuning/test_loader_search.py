@@ -1,5 +1,7 @@
 """The loader search as a pure decision: fed measured trials, it proposes and chooses."""
 
+import dataclasses
+
 import pytest
 
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
@@ -115,3 +117,11 @@ def test_a_count_too_close_to_call_is_measured_again_and_judged_on_both():
     one = next(t for t in search.trials if t.settings.num_workers == 1)
     assert one.repeats == 2 and one.rate.value == pytest.approx(106.0)
     assert search.choice().settings.num_workers == 1
+
+
+def test_one_noisy_trial_does_not_make_clearly_slower_settings_eligible():
+    two = USER.with_workers(2, persistent=False)
+    search = LoaderSearch(trial(USER, 519.0, 0.9, se=0.023), Budget(cpus=2))
+    search.record(trial(two, 613.0, 0.2, cpu_workers=100.0, se=0.036))
+    search.record(trial(dataclasses.replace(two, prefetch_factor=4), 632.0, 0.2, se=0.33))  # very noisy
+    assert search.choice().settings == two  # 613 beats 519 beyond noise; the noisy 632 beats nothing

@@ -1,0 +1,213 @@
+"""The report as one self-contained HTML page: inline CSS and SVG charts, no script, nothing fetched at view time."""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeopt.measure.window import WindowStats
+from pipeopt.report.console import ROWS, settings_text
+from pipeopt.report.model import Report
+
+COLOURS = {"wait": "#d9534f", "transfer": "#f0ad4e", "compute": "#5cb85c", "other": "#bbbbbb"}
+SERIES = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b")
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1040px;color:#222}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.meta{color:#666} .verdict{padding:10px 14px;border-radius:6px;background:#f4f6fb;margin:14px 0}
+.input-bound{border-left:5px solid #d9534f} .compute-bound{border-left:5px solid #5cb85c}
+.balanced{border-left:5px solid #f0ad4e}
+table{border-collapse:collapse;margin:6px 0} td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}
+td:first-child,th:first-child{text-align:left} pre{background:#f6f8fa;padding:10px;border-radius:6px}
+.del{color:#b31d28} .add{color:#22863a} .failed{color:#b31d28} svg{display:block;margin:6px 0}
+.legend span{display:inline-block;margin-right:14px} .sw{width:10px;height:10px;display:inline-block;margin-right:4px}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def render_html(report: Report) -> str:
+    env = report.environment
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>pipeopt report {_e(report.created)}</title><style>{CSS}</style></head><body>",
+        f"<h1>pipeopt report</h1><div class='meta'>{_e(report.created)} &middot; {_e(report.mode)} &middot; "
+        f"{_e(env.device_name)} ({_e(env.accelerator)} x{env.device_count}, world size {env.world_size}) &middot; "
+        f"{env.cpu_count} CPUs &middot; torch {_e(env.torch)} &middot; pipeopt {_e(env.pipeopt)}</div>",
+        _verdict(report),
+        "<h2>Before / after</h2>", _table(report),
+        "<h2>Where a step's time goes</h2>", _split_chart(report),
+    ]
+    if report.changes:
+        parts += ["<h2>Changes</h2>", _changes(report)]
+    if report.trials:
+        parts += ["<h2>Trials on the live run</h2>", _trials_chart(report), _trials_table(report)]
+    parts += ["<h2>Over the run</h2>", _timeline(report)]
+    extra = [f"Skipped {s.group}: {s.reason}" for s in report.skipped] + list(report.notes)
+    if extra:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in extra) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_html(report: Report, path: Path) -> Path:
+    """Write the page atomically. Raises ``OSError``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pipeopt-", suffix=".html.tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(render_html(report))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _verdict(report: Report) -> str:
+    v = report.verdict
+    if v is None:
+        return "<div class='verdict'>Not enough steps were measured for a window.</div>"
+    lines = [f"<b>{_e(v.kind)}</b>: {_e(v.reason)}.",
+             f"Predicted speedup if input were free: <b>{v.predicted_speedup:.2f}x</b> (before window)."]
+    if report.predicted is not None:
+        lines.append(f"Predicted speedup of the change (its trial): <b>{report.predicted:.2f}x</b>.")
+    if report.measured_speedup is not None:
+        lines.append(f"Measured speedup (after over before): <b>{report.measured_speedup:.2f}x</b>.")
+    return f"<div class='verdict {_e(v.kind)}'>" + "<br>".join(lines) + "</div>"
+
+
+def _table(report: Report) -> str:
+    rows = ["<table><tr><th>metric</th><th>before</th><th>after</th></tr>"]
+    for label, get, fmt in ROWS:
+        cells = []
+        for w in (report.before, report.after):
+            value = get(w) if w is not None else None
+            cells.append("-" if w is None else ("n/a" if value is None else fmt(value)))
+        rows.append(f"<tr><td>{_e(label)}</td><td>{_e(cells[0])}</td><td>{_e(cells[1])}</td></tr>")
+    rows.append("</table>")
+    rows.append(f"<div class='meta'>GPU monitoring: {_e(report.environment.gpu_monitoring)}</div>")
+    return "".join(rows)
+
+
+def _split_chart(report: Report) -> str:
+    windows = [(name, w) for name, w in (("before", report.before), ("after", report.after)) if w is not None]
+    if not windows:
+        return "<p>No window was measured.</p>"
+    width, left, bar = 900, 70, 26
+    longest = max(w.step_time_s for _, w in windows) or 1.0
+    scale = (width - left - 80) / longest
+    svg = [f"<svg width='{width}' height='{len(windows) * 40 + 10}' role='img' aria-label='step time split'>"]
+    for i, (name, w) in enumerate(windows):
+        y = 8 + i * 40
+        svg.append(f"<text x='0' y='{y + 18}'>{name}</text>")
+        x = float(left)
+        other = max(0.0, w.step_time_s - w.wait_s - w.transfer_s - w.compute_s)
+        for part, seconds in (("wait", w.wait_s), ("transfer", w.transfer_s), ("compute", w.compute_s),
+                              ("other", other)):
+            span = seconds * scale
+            if span > 0:
+                svg.append(f"<rect x='{x:.1f}' y='{y}' width='{span:.1f}' height='{bar}' fill='{COLOURS[part]}'>"
+                           f"<title>{part}: {seconds * 1e3:.2f} ms</title></rect>")
+                x += span
+        svg.append(f"<text x='{x + 6:.1f}' y='{y + 18}'>{w.step_time_s * 1e3:.1f} ms</text>")
+    svg.append("</svg>")
+    legend = "".join(f"<span><i class='sw' style='background:{c}'></i>{k}</span>" for k, c in COLOURS.items())
+    return "".join(svg) + f"<div class='legend'>{legend}</div>"
+
+
+def _changes(report: Report) -> str:
+    rows = "".join(f"<li><b>{_e(c.knob)}</b>: {_e(c.before)} &rarr; {_e(c.after)} ({_e(c.reason)})</li>"
+                   for c in report.changes)
+    old = ", ".join(f"{c.knob}={c.before!r}" for c in report.changes)
+    diff = "".join(f"<span class='del'>- DataLoader(..., {_e(old)})</span>\n<span class='add'>+ {_e(code)}</span>\n"
+                   for code in report.suggestions)
+    return f"<ul>{rows}</ul><pre>{diff}</pre>"
+
+
+def _trials_chart(report: Report) -> str:
+    rates = [t.samples_per_s or 0.0 for t in report.trials]
+    top = max(rates) or 1.0
+    width, left, bar = 900, 330, 18
+    svg = [f"<svg width='{width}' height='{len(report.trials) * 26 + 10}' role='img' aria-label='trials'>"]
+    for i, trial in enumerate(report.trials):
+        y = 6 + i * 26
+        label = ("before: " if i == 0 else f"{i}: ") + settings_text(trial.settings)
+        svg.append(f"<text x='0' y='{y + 14}'>{_e(label)}</text>")
+        if trial.samples_per_s is None:
+            svg.append(f"<text x='{left}' y='{y + 14}' class='failed' fill='#b31d28'>failed</text>")
+            continue
+        span = trial.samples_per_s / top * (width - left - 110)
+        colour = SERIES[0] if i else "#999999"
+        svg.append(f"<rect x='{left}' y='{y}' width='{span:.1f}' height='{bar}' fill='{colour}'></rect>"
+                   f"<text x='{left + span + 6:.1f}' y='{y + 14}'>{trial.samples_per_s:,.0f}/s</text>")
+    svg.append("</svg>")
+    return "".join(svg)
+
+
+def _trials_table(report: Report) -> str:
+    rows = ["<table><tr><th>#</th><th>settings</th><th>samples/s</th><th>data wait</th><th>status</th></tr>"]
+    for i, t in enumerate(report.trials):
+        rate = "-" if t.samples_per_s is None else f"{t.samples_per_s:,.1f}"
+        wait = "-" if t.data_wait_frac is None else f"{t.data_wait_frac:.0%}"
+        status = t.status if t.error is None else f"{t.status}: {t.error}"
+        css = " class='failed'" if t.status == "failed" else ""
+        rows.append(f"<tr{css}><td>{'before' if i == 0 else i}</td><td>{_e(settings_text(t.settings))}</td>"
+                    f"<td>{rate}</td><td>{wait}</td><td>{_e(status)}</td></tr>")
+    return "".join(rows) + "</table>"
+
+
+def _timeline(report: Report) -> str:
+    windows = report.timeline
+    if len(windows) < 2:
+        return "<p>Fewer than two windows were measured.</p>"
+    charts = [_line_chart("samples/s", windows, [("samples/s", lambda w: w.samples_per_s or w.steps_per_s)])]
+    charts.append(_line_chart("share of step time (%)", windows, [
+        ("data wait", lambda w: 100 * w.data_wait_frac),
+        ("accelerator busy", lambda w: 100 * w.busy_frac),
+        ("GPU utilisation (NVML)", lambda w: w.resources.gpu_util_pct),
+    ], y_max=100.0))
+    charts.append(_line_chart("memory (GiB)", windows, [
+        ("peak allocated (CUDA)", lambda w: _gib(w.resources.peak_mem_bytes)),
+        ("used on device (NVML)", lambda w: _gib(w.resources.gpu_mem_used_bytes)),
+    ]))
+    return "".join(charts)
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else value / 2**30
+
+
+def _line_chart(title: str, windows: Sequence[WindowStats], series: list, y_max: float | None = None) -> str:
+    points = [(name, [(w.first_step + w.steps, get(w)) for w in windows]) for name, get in series]
+    points = [(name, [(x, y) for x, y in pts if y is not None]) for name, pts in points]
+    points = [(name, pts) for name, pts in points if pts]
+    if not points:
+        return f"<p><b>{_e(title)}</b>: not measured on this run (see GPU monitoring above).</p>"
+    width, height, pad = 900, 180, 46
+    xs = [x for _, pts in points for x, _ in pts]
+    top = y_max or max(y for _, pts in points for _, y in pts) * 1.1 or 1.0
+    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+
+    def sx(x: float) -> float:
+        return pad + (x - x0) / (x1 - x0) * (width - 2 * pad)
+
+    def sy(y: float) -> float:
+        return height - pad / 2 - y / top * (height - pad)
+
+    svg = [f"<svg width='{width}' height='{height}' role='img' aria-label='{_e(title)}'>",
+           f"<text x='{pad}' y='12'>{_e(title)} (x: optimizer step)</text>",
+           f"<line x1='{pad}' y1='{sy(0):.1f}' x2='{width - pad}' y2='{sy(0):.1f}' stroke='#999'/>",
+           f"<text x='2' y='{sy(top) + 10:.1f}'>{top:,.0f}</text><text x='2' y='{sy(0):.1f}'>0</text>"]
+    legend = []
+    for (name, pts), colour in zip(points, SERIES):
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+        svg.append(f"<polyline points='{path}' fill='none' stroke='{colour}' stroke-width='2'/>")
+        legend.append(f"<span><i class='sw' style='background:{colour}'></i>{_e(name)}</span>")
+    svg.append("</svg>")
+    return "".join(svg) + f"<div class='legend'>{''.join(legend)}</div>"

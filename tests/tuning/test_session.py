@@ -1,0 +1,105 @@
+"""The tuning session against a fake switcher and fake ranks: the agreed figures drive every decision."""
+
+from pipeopt.tuning.loader_search import Budget, LoaderSettings
+from pipeopt.tuning.session import LoaderSession, _local_vector
+from tests.helpers import make_window
+
+USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+
+
+class FakeSwitcher:
+    def __init__(self):
+        self.user_settings = self.current = self.fallback = USER
+        self.failed = None
+        self.switches = []
+        self.restored = False
+
+    def switch(self, settings, *, timeout_s=None):
+        self.fallback, self.current = self.current, settings
+        self.switches.append(settings)
+
+    def settle(self):
+        pass
+
+    def restore_user(self):
+        self.restored = True
+        self.switch(USER)
+
+
+def session(agree=lambda v: v, budget_s=60.0, clock=lambda: 0.0):
+    resets = []
+    switcher = FakeSwitcher()
+    s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=budget_s,
+                      reset_meter=lambda *args: resets.append(args), clock=clock, agree=agree)
+    return s, switcher, resets
+
+
+def window(rate, wait):
+    return make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01)
+
+
+def feed(s, rate, wait):
+    s.on_window(window(rate, wait))
+    s.on_step_end()
+
+
+def test_a_failure_on_another_rank_fails_the_trial_on_every_rank():
+    other_rank_failed = {"now": False}
+
+    def agree(values):
+        other = list(values)
+        other[7] = 1.0 if other_rank_failed["now"] else 0.0  # the "failed" slot of the other rank's vector
+        return [max(a, b) for a, b in zip(values, other)]
+
+    s, switcher, _ = session(agree)
+    feed(s, 100.0, 0.9)  # before
+    assert switcher.switches[-1].num_workers == 1
+    other_rank_failed["now"] = True
+    feed(s, 300.0, 0.5)  # this rank measured fine; the other rank's workers died
+    failed = [t for t in s._search.trials if not t.ok]
+    assert failed and failed[0].settings.num_workers == 1 and "another rank" in failed[0].error
+
+
+def test_the_slowest_rank_and_the_largest_wait_decide():
+    slower = {"rate": None}
+
+    def agree(values):
+        other = list(values)
+        if slower["rate"] is not None:
+            other[0] = -slower["rate"]
+        return [max(a, b) for a, b in zip(values, other)]
+
+    s, switcher, _ = session(agree)
+    feed(s, 100.0, 0.9)
+    slower["rate"] = 101.0  # this rank saw 300/s with a worker, the other rank only 101/s
+    feed(s, 300.0, 0.5)
+    assert s._search.trials[-1].rate.value == 101.0
+
+
+def test_any_rank_over_budget_ends_the_search_on_all():
+    t = {"now": 0.0}
+    s, switcher, _ = session(budget_s=10.0, clock=lambda: t["now"])
+    feed(s, 100.0, 0.9)
+    t["now"] = 11.0
+    feed(s, 150.0, 0.6)  # 1 worker: faster, but the budget is spent
+    assert any("budget (10 s) ran out" in n for n in s.notes)
+    assert s.state == "after" and s.chosen.settings.num_workers == 1
+
+
+def test_an_after_window_that_is_not_faster_reverts_to_the_users_loader():
+    t = {"now": 0.0}
+    s, switcher, _ = session(budget_s=10.0, clock=lambda: t["now"])
+    feed(s, 100.0, 0.9)
+    t["now"] = 11.0
+    feed(s, 150.0, 0.6)
+    feed(s, 101.0, 0.9)  # after-window: no better than before; measured once more
+    assert s.state == "after"
+    feed(s, 99.0, 0.9)
+    assert s.state == "done" and switcher.restored
+    assert any("reverted to your loader settings" in n for n in s.notes)
+    assert s.changes == [] and s.kept is None
+
+
+def test_the_local_vector_orders_figures_for_an_elementwise_maximum():
+    v = _local_vector(window(250.0, 0.3), mem=None, failed=False, over_budget=True)
+    assert v[0] == -250.0 and v[2] == 0.3 and v[6] == -1.0 and v[-1] == 1.0
