@@ -196,7 +196,21 @@ def write_markdown() -> Path:
                  "the second. *pipeopt chose*: the changes it kept, per run.")
     path = RESULTS / "README.md"
     path.write_text("\n".join(lines + details) + "\n")
+    _update_readme(lines[5:])
     return path
+
+
+def _update_readme(table: list[str]) -> None:
+    """The summary table, copied between the markers of the project README."""
+    readme = RESULTS.parents[1] / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- results-table -->", "<!-- /results-table -->"
+    if start not in text or end not in text:
+        return
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    block = "\n".join([start, "", *table, end])
+    readme.write_text(head + block + tail)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,23 @@ class Regressor(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
 
+def quiet_pipeopt(**kwargs: Any):
+    """A PipeOpt for tests: short windows, no files, console output kept out of the way; loader tuning unless
+    ``tune`` says otherwise."""
+    import io
+
+    from rich.console import Console
+
+    from pipeopt import PipeOpt
+
+    kwargs.setdefault("tune", ("loader",))
+    kwargs.setdefault("window", 4)
+    kwargs.setdefault("warmup", 2)
+    kwargs.setdefault("report_dir", None)
+    kwargs.setdefault("console", Console(file=io.StringIO(), width=120))
+    return PipeOpt(**kwargs)
+
+
 def quiet_trainer_kwargs(**overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         accelerator="cpu",

@@ -4,7 +4,7 @@ The search (a plan, fed one measured trial at a time):
 1. Compute-bound (data wait below 10 %): stop; more workers would only take CPU from the step.
 2. Grow ``num_workers`` geometrically (0 -> 1 -> 2 -> 4 ...) while each step is faster than the best so far
    beyond noise (a count too close to call is measured once more and judged on both windows), until the data wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
-   one worker per CPU this rank may use always fits; beyond that the measured CPU per worker times the count
+   two workers per CPU this rank may use always fit; beyond that the measured CPU per worker times the count
    must fit those CPUs (workers that mostly wait on storage use little CPU and may outnumber the cores), and
    their measured private memory must fit the memory available.
 3. Refine: the midpoints between the best count and its tried neighbours.
@@ -168,10 +168,11 @@ class LoaderSearch:
         return self.budget.more_epochs or self.baseline.settings.persistent_workers
 
     def _fits(self, n: int) -> bool:
-        """Up to one worker per CPU always fits; beyond, the measured CPU per worker must fit the rank's CPUs."""
+        """Up to two workers per CPU always fit (the trial measures whether they pay); beyond, the measured CPU per
+        worker times the count must fit the rank's CPUs."""
         if n > MAX_WORKERS:
             return False
-        if n <= self.budget.cpus:
+        if n <= 2 * self.budget.cpus:
             return True
         measured = [t for t in self.trials if t.ok and t.settings.num_workers > 0 and t.cpu_workers_pct is not None]
         if not measured:

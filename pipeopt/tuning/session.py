@@ -143,7 +143,7 @@ class LoaderSession:
         if self._pending is None or self.state == "done":
             return
         stats, self._pending = self._pending, None
-        over_budget = self._started is not None and self._clock() - self._started > self._budget_s
+        over_budget = self._elapsed() > self._budget_s
         mem = self._worker_memory() if self._switcher.current.num_workers else None
         agreed = _agreed(self._agree(_local_vector(stats, mem, self._failure is not None, over_budget)))
         failure, self._failure = self._failure, None
@@ -173,7 +173,8 @@ class LoaderSession:
             pooled = search.trials[-1]
             again = f" (pooled over {pooled.repeats} windows)" if pooled.repeats > 1 else ""
             self._say(f"trial {len(search.trials) - 1}: {pooled.settings.describe()} -> "
-                      f"{pooled.rate.value:,.1f} samples/s{again}, data wait {pooled.data_wait_frac:.0%}")  # type: ignore[union-attr]
+                      f"{pooled.rate.value:,.1f} samples/s{again}, data wait {pooled.data_wait_frac:.0%} "  # type: ignore[union-attr]
+                      f"[{self._elapsed():.1f} of {self._budget_s:g} s budget]")
         self._next_trial(agreed.over_budget)
 
     def _next_trial(self, over_budget: bool) -> None:
@@ -211,6 +212,7 @@ class LoaderSession:
             self.notes.append(f"kept your loader settings ({user.describe()}): no trial was faster beyond noise")
             self.state = "done"
             return
+        self._say(f"chose {self.chosen.settings.describe()}; measuring it against the before-window")
         if self._applied != self.chosen.settings:
             self._apply(self.chosen.settings, label="after", timeout_s=None)
         else:
@@ -242,6 +244,7 @@ class LoaderSession:
         self._applied = self._switcher.user_settings
         self._measure("reverted", _in_flight(reverted_from) + 1)
         self.notes.append(f"reverted to your loader settings: {why}")
+        self._say(f"reverted to your loader settings: {why}")
         self.state = "done"
 
     def _keep(self) -> None:
@@ -261,6 +264,7 @@ class LoaderSession:
                     "beat beyond noise")
 
         self._set_changes(chosen.settings, reason)
+        self._say(f"kept {chosen.settings.describe()}")
         self.state = "done"
 
     # -- helpers --------------------------------------------------------------------------------------------
@@ -284,6 +288,9 @@ class LoaderSession:
             self._reset_meter(label, skip, epochs * epoch, epochs)
         else:
             self._reset_meter(label, skip, length, 5)
+
+    def _elapsed(self) -> float:
+        return 0.0 if self._started is None else self._clock() - self._started
 
     def _trial_timeout(self) -> float:
         step = self.before.step_time_s if self.before else 0.0

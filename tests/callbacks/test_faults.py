@@ -2,7 +2,6 @@
 what happened, and no process or thread is left behind."""
 
 import errno
-import io
 import os
 import signal
 import threading
@@ -11,21 +10,13 @@ import time
 import psutil
 import pytest
 import pytorch_lightning as pl
-from rich.console import Console
 from torch.utils.data import DataLoader, get_worker_info
 
-from pipeopt import PipeOpt
 from pipeopt.measure.tap import ProfilerTap
-from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs
+from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs
 
 
-def tuner(**kwargs):
-    kwargs.setdefault("tune", ("loader",))
-    kwargs.setdefault("window", 4)
-    kwargs.setdefault("warmup", 2)
-    kwargs.setdefault("report_dir", None)
-    kwargs.setdefault("console", Console(file=io.StringIO(), width=120))
-    return PipeOpt(**kwargs)
+tuner = quiet_pipeopt
 
 
 def fit(callbacks, dataset, model=None, epochs=1):

@@ -1,26 +1,17 @@
 """Loader tuning on real, tiny Lightning fits: the model sees exactly what it would have seen without pipeopt."""
 
-import io
 import os
 
 import psutil
 import pytest
 import pytorch_lightning as pl
 import torch
-from rich.console import Console
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipeopt import PipeOpt
-from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs, resident_dataset
+from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs, resident_dataset
 
 
-def tuner(**kwargs):
-    kwargs.setdefault("tune", ("loader",))
-    kwargs.setdefault("window", 4)
-    kwargs.setdefault("warmup", 2)
-    kwargs.setdefault("report_dir", None)
-    kwargs.setdefault("console", Console(file=io.StringIO(), width=120))
-    return PipeOpt(**kwargs)
+tuner = quiet_pipeopt
 
 
 def fit(callbacks, dataset, *, epochs=2, batch_size=8, seed=3, model_kwargs=None):

@@ -15,16 +15,11 @@ from torch.utils.data import DataLoader
 from pipeopt import PipeOpt
 from pipeopt.measure.tap import ProfilerTap
 from pipeopt.report.json_io import SCHEMA_PATH
-from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs, resident_dataset
+from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs, resident_dataset
 
 
 def observe(**kwargs):
-    kwargs.setdefault("tune", ())
-    kwargs.setdefault("window", 5)
-    kwargs.setdefault("warmup", 2)
-    kwargs.setdefault("report_dir", None)
-    kwargs.setdefault("console", Console(file=io.StringIO(), width=100))
-    return PipeOpt(**kwargs)
+    return quiet_pipeopt(**{"tune": (), "window": 5, **kwargs})
 
 
 def test_storage_latency_run_is_input_bound():
