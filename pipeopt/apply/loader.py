@@ -100,12 +100,12 @@ def start_loader(
 ) -> tuple[Iterator[Any], DataLoader]:
     """Build a loader like ``user`` with ``settings`` that continues ``first``, and start its iterator - leaving the
     user's RNG untouched and its workers outside torch's SIGCHLD watch (a death surfaces in ``next()``)."""
-    loader = build_loader(user, settings, first=first, before_epoch=user_epoch_draw(user, generator),
-                          generator=generator, timeout=timeout)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), _compat.quiet_worker_deaths():
         # torch warns when workers outnumber CPUs; trials do that on purpose (storage-bound workers mostly
         # wait) and the measurement decides.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        loader = build_loader(user, settings, first=first, before_epoch=user_epoch_draw(user, generator),
+                              generator=generator, timeout=timeout)
         iterator = iter(loader)
         _compat.detach_worker_watch(iterator)
     return iterator, loader

@@ -103,3 +103,25 @@ def test_an_after_window_that_is_not_faster_reverts_to_the_users_loader():
 def test_the_local_vector_orders_figures_for_an_elementwise_maximum():
     v = _local_vector(window(250.0, 0.3), mem=None, failed=False, over_budget=True)
     assert v[0] == -250.0 and v[2] == 0.3 and v[6] == -1.0 and v[-1] == 1.0
+
+
+def test_a_cached_configuration_is_trusted_when_it_verifies():
+    s, switcher, _ = session()
+    cached = USER.with_workers(4, persistent=True)
+    s.verify_cached(cached, expected_rate=1000.0)
+    assert switcher.current == cached
+    feed(s, 700.0, 0.1)  # short of 80 %: measured once more
+    assert s.state == "verify"
+    feed(s, 1000.0, 0.05)  # together 850: within the tolerance
+    assert s.state == "done" and s.kept == cached and s._search is None
+    assert any("applied the cached loader configuration" in n for n in s.notes)
+
+
+def test_a_cached_configuration_that_falls_short_is_tuned_afresh():
+    s, switcher, _ = session()
+    s.verify_cached(USER.with_workers(4, persistent=True), expected_rate=1000.0)
+    feed(s, 500.0, 0.5)
+    feed(s, 520.0, 0.5)
+    assert s.state == "before" and switcher.restored and not s.from_cache
+    feed(s, 100.0, 0.9)  # the before-window of the fresh tuning
+    assert s.state == "trial"
