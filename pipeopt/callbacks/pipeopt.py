@@ -323,15 +323,16 @@ class PipeOpt(Callback):
                                "Training results are unaffected; pass `report_dir=` a writable directory.")
 
     def _remember(self, report: Report) -> None:
-        """Put what tuning kept in the cache (rank zero; a failure to write only warns)."""
+        """Put the change tuning kept in the cache (rank zero; a failure to write only warns). Runs that kept the
+        user's settings are not remembered: a rerun costs only a before-window, and a noisy revert must not
+        stick."""
         session, cache, key = self._session, self._cache, self._cache_key
         if session is None or cache is None or key is None or session.state != "done" or session.from_cache:
             return
-        rate = session.after_rate or (report.before.samples_per_s if report.before else None)
-        if not rate:
-            return
-        kept = session.kept
-        entry = {"loader": kept.as_kwargs() if kept else None, "samples_per_s": rate, "created": report.created}
+        kept, rate = session.kept, session.after_rate
+        if kept is None or not rate:
+            return  # only a change that its after-window confirmed is worth remembering
+        entry = {"loader": kept.as_kwargs(), "samples_per_s": rate, "created": report.created}
         try:
             cache.put(key, entry)
         except OSError as err:
@@ -354,9 +355,10 @@ class PipeOpt(Callback):
             extra: dict[str, Any] = {}
         else:
             before, after = session.before, session.after
-            if before is None and windows:  # restored from a checkpoint: no before-window was taken
-                before = windows[0]
-            if after is None and session.state == "done" and windows and windows[-1] is not before:
+            if before is None:  # applied from a checkpoint or the cache: no window of the user's settings exists
+                before = windows[0] if windows else None
+                after = windows[-1] if len(windows) > 1 else None
+            elif after is None and session.state == "done" and windows and windows[-1] is not before:
                 after = windows[-1]  # nothing changed: the run's last window, measured after tuning ended
             if session.state not in ("done",) and session.before is not None:
                 notes.append(f"the fit ended before loader tuning finished (it was in its {session.state} phase); "

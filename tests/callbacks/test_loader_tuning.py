@@ -76,7 +76,7 @@ def test_a_crashing_candidate_is_discarded_and_training_goes_on():
     assert psutil.Process().children() == []
 
 
-def test_compute_bound_runs_keep_their_loader():
+def test_compute_bound_runs_keep_their_loader(private_tuning_cache):
     callback = tuner()
     _, trainer = fit([callback], resident_dataset(), epochs=1, batch_size=64,
                      model_kwargs=dict(dim=256, hidden=1024, depth=3))
@@ -84,6 +84,7 @@ def test_compute_bound_runs_keep_their_loader():
     assert report.changes == [] and len(report.trials) == 1
     assert any("compute-bound" in note for note in report.notes)
     assert trainer.train_dataloader.num_workers == 0
+    assert not private_tuning_cache.exists()  # keeping the user's settings is not remembered
 
 
 class Records(IterableDataset):
