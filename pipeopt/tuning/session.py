@@ -9,8 +9,8 @@ rank runs the same search on the same numbers and applies the same settings at t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,8 +33,8 @@ class Switcher(Protocol):
     def restore_user(self) -> None: ...
 
 
-#: A cached configuration verifies when one window reaches its cached rate within this share (a single window on a
-#: shared machine; re-tuning costs far more than a few percent).
+#: A cached configuration verifies when its measured rate reaches the cached one within this share (one window, or
+#: two when the first falls short: a shared machine's windows vary, and re-tuning costs far more than a few percent).
 VERIFY_TOLERANCE = 0.20
 
 
