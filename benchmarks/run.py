@@ -163,7 +163,7 @@ def write_markdown() -> Path:
         "pipeopt / oracle (steady) | time lost to tuning | pipeopt chose | observation overhead |",
         "|---|---:|---|---:|---:|---:|---:|---|---:|",
     ]
-    results = sorted(RESULTS.glob("*.json"))
+    results = [p for p in sorted(RESULTS.glob("*.json")) if p.name != "bookkeeping.json"]
     details: list[str] = []
     for path in results:
         if path.name.startswith("gpu-"):
@@ -189,6 +189,14 @@ def write_markdown() -> Path:
     lines.append("Observation overhead: throughput lost by running `PipeOpt(tune=())` on the naive setting, "
                  "(1 - observed / plain) of medians; negative means the observed runs happened to be faster "
                  "(noise).")
+    book = RESULTS / "bookkeeping.json"
+    if book.exists():
+        b = json.loads(book.read_text())
+        lines.append("")
+        lines.append(f"Direct bookkeeping cost (`{b['command']}`): {b['bookkeeping_us_per_step']:.0f} us per step, "
+                     f"{b['share_of_compute_bound_step_pct']:.2f} % of the compute-bound scenario's "
+                     f"{b['compute_bound_step_ms']:.0f} ms step - the side-by-side fits above cannot resolve "
+                     "below their +-2 % noise.")
     lines.append("")
     lines.append("pipeopt / oracle: steady throughput (last quarter of the run) of a run started from the naive "
                  "setting under `PipeOpt(tune=(\"loader\",))` over a run of the same length with the oracle grid's "
