@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.model import Report
+from pipeopt.report.model import Report, Trial
 
 Row = tuple[str, Callable[[WindowStats], "float | None"], Callable[[float], str]]
 
@@ -112,12 +112,16 @@ def _trials_table(report: Report) -> Table:
     table.add_column("data wait", justify="right")
     table.add_column("status")
     for i, trial in enumerate(report.trials):
-        settings = settings_text(trial.settings)
-        rate = "-" if trial.samples_per_s is None else f"{trial.samples_per_s:,.1f}"
-        wait = "-" if trial.data_wait_frac is None else _pct(trial.data_wait_frac)
-        status = trial.status if trial.error is None else f"{trial.status}: {trial.error}"
-        table.add_row("before" if i == 0 else str(i), settings, rate, wait, status)
+        table.add_row(*trial_cells(i, trial))
     return table
+
+
+def trial_cells(i: int, trial: Trial) -> tuple[str, str, str, str, str]:
+    """One trials-table row as text: number ("before" for the user's settings), settings, rate, wait, status."""
+    rate = "-" if trial.samples_per_s is None else f"{trial.samples_per_s:,.1f}"
+    wait = "-" if trial.data_wait_frac is None else _pct(trial.data_wait_frac)
+    status = trial.status if trial.error is None else f"{trial.status}: {trial.error}"
+    return ("before" if i == 0 else str(i), settings_text(trial.settings), rate, wait, status)
 
 
 def _label(window: WindowStats | None, name: str) -> str:

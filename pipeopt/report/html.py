@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.console import ROWS, settings_text
+from pipeopt.report.console import ROWS, settings_text, trial_cells
 from pipeopt.report.model import Report
 
 COLOURS = {"wait": "#d9534f", "transfer": "#f0ad4e", "compute": "#5cb85c", "other": "#bbbbbb"}
@@ -153,12 +153,8 @@ def _trials_chart(report: Report) -> str:
 def _trials_table(report: Report) -> str:
     rows = ["<table><tr><th>#</th><th>settings</th><th>samples/s</th><th>data wait</th><th>status</th></tr>"]
     for i, t in enumerate(report.trials):
-        rate = "-" if t.samples_per_s is None else f"{t.samples_per_s:,.1f}"
-        wait = "-" if t.data_wait_frac is None else f"{t.data_wait_frac:.0%}"
-        status = t.status if t.error is None else f"{t.status}: {t.error}"
         css = " class='failed'" if t.status == "failed" else ""
-        rows.append(f"<tr{css}><td>{'before' if i == 0 else i}</td><td>{_e(settings_text(t.settings))}</td>"
-                    f"<td>{rate}</td><td>{wait}</td><td>{_e(status)}</td></tr>")
+        rows.append(f"<tr{css}>" + "".join(f"<td>{_e(cell)}</td>" for cell in trial_cells(i, t)) + "</tr>")
     return "".join(rows) + "</table>"
 
 

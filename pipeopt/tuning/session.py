@@ -126,7 +126,6 @@ class LoaderSession:
         self.chosen: Trial | None = None
         self.changes: list[Change] = []
         self.notes: list[str] = []
-        self.suggestion: str | None = None
         self.from_cache = False
         self._expected: Rate | None = None
 
@@ -368,8 +367,6 @@ class LoaderSession:
         why = reason if callable(reason) else (lambda knob: reason)
         self.changes = [Change(knob, old, getattr(settings, knob), why(knob))
                         for knob, old in user.as_kwargs().items() if getattr(settings, knob) != old]
-        if self.changes:
-            self.suggestion = "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in self.changes) + ")"
 
     def restore(self, settings: LoaderSettings | None) -> None:
         """Resume: apply the settings an earlier run of this fit kept (None: it kept the user's), without trials."""
@@ -385,6 +382,13 @@ class LoaderSession:
         self.chosen = Trial(settings, None)
         self._set_changes(settings, "kept by the run this one resumes (from its checkpoint)")
         self.notes.append("resumed from a checkpoint: applied its tuned loader settings without trials")
+
+    @property
+    def suggestion(self) -> str | None:
+        """The code that keeps the changes without pipeopt."""
+        if not self.changes:
+            return None
+        return "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in self.changes) + ")"
 
     @property
     def after_rate(self) -> float | None:
