@@ -29,13 +29,17 @@ def fit(callbacks, dataset, model=None, epochs=1):
 
 @pytest.fixture
 def no_leaks():
-    threads = threading.active_count()
+    before = set(threading.enumerate())  # threads of earlier tests may end meanwhile: only new ones are leaks
+
+    def started_here():
+        return [t for t in threading.enumerate() if t not in before]
+
     yield
     deadline = time.monotonic() + 10
-    while (psutil.Process().children() or threading.active_count() > threads) and time.monotonic() < deadline:
+    while (psutil.Process().children() or started_here()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert psutil.Process().children() == []
-    assert threading.active_count() == threads
+    assert started_here() == []
 
 
 def in_worker_of_at_least(n):
