@@ -182,3 +182,19 @@ def attach_worker_watch(iterator: Any) -> None:
 
         torch._C._set_worker_pids(id(iterator), tuple(w.pid for w in workers))
         iterator._worker_pids_set = True
+
+
+def ready_batches(iterator: Any) -> int | None:
+    """Batches a DataLoader iterator's workers have finished that the training loop has not taken yet: results in
+    its queues (a worker's result counts from the moment it is put) plus results that arrived out of order and wait
+    in ``_task_info``. 0 for a single-process iterator; None where torch's queues cannot be counted."""
+    if not hasattr(iterator, "_worker_result_queue"):
+        return 0 if hasattr(iterator, "_sampler_iter") else None
+    try:
+        ready = iterator._worker_result_queue.qsize()
+        data_queue = getattr(iterator, "_data_queue", None)
+        if data_queue is not None and data_queue is not iterator._worker_result_queue:
+            ready += data_queue.qsize()  # pin-memory thread: pinned results wait in a second queue
+    except (NotImplementedError, OSError, AttributeError):  # qsize() is not implemented on macOS
+        return None
+    return ready + sum(1 for info in getattr(iterator, "_task_info", {}).values() if len(info) == 2)

@@ -41,6 +41,7 @@ class PipeOptConfig:
     budget_s: float = 60.0
     memory_fraction: float = 0.9
     window: int = 20
+    window_s: float = 1.0
     warmup: int = 5
     report_dir: Path | None = Path("pipeopt_reports")
     cache: bool | Path = True
@@ -55,6 +56,8 @@ class PipeOptConfig:
             raise _bad("memory_fraction", self.memory_fraction, "a fraction in (0, 1]")
         if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 2:
             raise _bad("window", self.window, "an int >= 2 (optimizer steps per measurement window)")
+        if not _is_number(self.window_s) or not self.window_s >= 0:
+            raise _bad("window_s", self.window_s, "a number of seconds >= 0 (the shortest trial window; 0: `window` steps)")
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
             raise _bad("warmup", self.warmup, "an int >= 0 (optimizer steps ignored at the start)")
         if self.report_dir is not None:

@@ -63,6 +63,7 @@ def quiet_pipeopt(**kwargs: Any):
 
     kwargs.setdefault("tune", ("loader",))
     kwargs.setdefault("window", 4)
+    kwargs.setdefault("window_s", 0.0)
     kwargs.setdefault("warmup", 2)
     kwargs.setdefault("report_dir", None)
     kwargs.setdefault("console", Console(file=io.StringIO(), width=120))

@@ -19,6 +19,8 @@ from pipeopt import TUNE_GROUPS, PipeOpt
         ({"memory_fraction": 1.5}, "memory_fraction"),
         ({"window": 1}, "window"),
         ({"window": 2.5}, "window"),
+        ({"window_s": -0.5}, "window_s"),
+        ({"window_s": "1s"}, "window_s"),
         ({"warmup": -1}, "warmup"),
         ({"warmup": True}, "warmup"),
         ({"report_dir": ""}, "report_dir"),

@@ -143,7 +143,7 @@ SCENARIOS: dict[str, Scenario] = {
             batch_size=8,
             steps=120,
             warmup=20,
-            tuned_steps=1500,
+            tuned_steps=3000,
             grid=NAIVE + _workers(1, 2, 4, 8, 16) + _workers(32, prefetch=4),
         ),
         Scenario(

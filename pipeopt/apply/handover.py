@@ -50,6 +50,11 @@ class Handover(Iterator[Any]):
         tail = self._sources[-1]
         return tail.iterator, tail.loader
 
+    def ready_batches(self) -> int | None:
+        """Finished batches waiting in all sources (None if any source's cannot be counted)."""
+        counts = [_compat.ready_batches(s.iterator) for s in self._sources]
+        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+
     def __iter__(self) -> Handover:
         return self
 

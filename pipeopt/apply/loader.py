@@ -111,6 +111,18 @@ def start_loader(
     return iterator, loader
 
 
+def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
+    """The running epoch (a token: the list of its loader iterators, new each epoch) and the finished batches
+    waiting in its train loader; None outside an epoch, with several train loaders, or where torch's queues cannot
+    be counted."""
+    live = _compat.live_train_iterators(trainer)
+    if not live or len(live) != 1:
+        return None
+    iterator = live[0]
+    count = iterator.ready_batches() if isinstance(iterator, Handover) else _compat.ready_batches(iterator)
+    return None if count is None else (live, count)
+
+
 class LoaderSwitcher:
     """Switches the running fit's train loader between settings, and back to the user's."""
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from pipeopt import _compat
 from pipeopt._compat import Callback, rank_zero_warn
 from pipeopt.config import TUNE_GROUPS, PathLike, PipeOptConfig
-from pipeopt.apply.loader import LoaderSwitcher, unsupported
+from pipeopt.apply.loader import LoaderSwitcher, live_ready_batches, unsupported
 from pipeopt.cache import TunedCache, default_path, fingerprint
 from pipeopt.callbacks.fingerprint import fit_parts
 from pipeopt.measure.batch import batch_size
@@ -58,6 +58,8 @@ class PipeOpt(Callback):
         budget_s: wall-clock budget for all tuning trials, seconds (> 0).
         memory_fraction: share of device memory a tuned configuration may plan to use, in (0, 1].
         window: optimizer steps per measurement window (>= 2).
+        window_s: trial and after windows last at least this many seconds (in steps at the measured pace), so a
+            shared machine's second-to-second wobble averages out; 0 for ``window`` steps only.
         warmup: optimizer steps ignored at the start of fit (>= 0).
         report_dir: directory for the JSON report; ``None`` writes no file.
         cache: reuse tuned configurations across runs (``True``: the default location, see
@@ -76,6 +78,7 @@ class PipeOpt(Callback):
         budget_s: float = 60.0,
         memory_fraction: float = 0.9,
         window: int = 20,
+        window_s: float = 1.0,
         warmup: int = 5,
         report_dir: PathLike | None = "pipeopt_reports",
         cache: bool | PathLike = True,
@@ -88,6 +91,7 @@ class PipeOpt(Callback):
             budget_s=budget_s,
             memory_fraction=memory_fraction,
             window=window,
+            window_s=window_s,
             warmup=warmup,
             report_dir=report_dir,  # type: ignore[arg-type]
             cache=cache,  # type: ignore[arg-type]
@@ -145,7 +149,7 @@ class PipeOpt(Callback):
             self._sampler.start()
         device_clock = clock_for(device, self._clock)
         probe = ResourceProbe(device, cpu=CpuMeter(clock=self._clock), gpu=self._sampler, gpu_status=gpu_status,
-                              clock=self._clock)
+                              ready=lambda: live_ready_batches(trainer), clock=self._clock)
         cfg = self.config
         self._meter = WindowMeter(
             window=cfg.window, warmup=cfg.warmup, clock=device_clock, probe=probe, on_window=self._on_window
@@ -216,6 +220,7 @@ class PipeOpt(Callback):
             worker_memory=worker_private_memory,
             agree=self._agree,
             window=self.config.window,
+            min_window_s=self.config.window_s,
             epoch_steps=_epoch_steps(trainer),
         )
         restored, self._restored = self._restored, None

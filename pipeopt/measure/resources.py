@@ -34,7 +34,10 @@ class Mark:
 
 
 class ResourceProbe:
-    """``begin()`` marks a window's start; ``end(mark)`` returns its ``ResourceFigures`` and resets the peak."""
+    """``begin()`` marks a window's start; ``end(mark)`` returns its ``ResourceFigures`` and resets the peak.
+
+    ``ready_now()`` is read at every step: the running epoch (a token) and the finished batches waiting in its
+    train loader, or None where they cannot be counted."""
 
     def __init__(
         self,
@@ -43,8 +46,10 @@ class ResourceProbe:
         cpu: CpuMeter | None,
         gpu: NvmlSampler | None,
         gpu_status: str,
+        ready: Callable[[], tuple[object, int] | None] = lambda: None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        self.ready_now = ready
         self._clock = clock
         self._device = device
         self._cpu = cpu

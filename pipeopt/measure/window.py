@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -45,6 +46,19 @@ class WindowStats:
     transfer_frac: float
     busy_frac: float
     resources: ResourceFigures = field(default_factory=ResourceFigures)
+    batches: int = 0  # micro-batches taken from the loader (``steps`` times the accumulation)
+    supply_ratio: float | None = None  # batches the loader made per batch taken in the window (``supply_ratio``)
+
+    @property
+    def sustained_per_s(self) -> float:
+        """The rate this window's loader sustains: samples/s (steps/s where samples are unknown), less the share of
+        the batches taken that came from a stock made before the window (``supply_ratio`` below 1).
+
+        A newly started loader fills its queue while the old one drains; one that supplies a little slower than
+        the step consumes lives off that stock for many steps without a wait, and its consumed rate would flatter
+        it. A stock that grew is no credit: the rate stays what the step consumed."""
+        rate = self.samples_per_s or self.steps_per_s
+        return rate if self.supply_ratio is None else rate * min(1.0, self.supply_ratio)
 
     @property
     def input_free_step_s(self) -> float:
@@ -70,6 +84,7 @@ def summarize(
     first_step: int,
     resources: ResourceFigures,
     blocks: int = 5,
+    ready: Sequence[tuple[object, int] | None] = (),
 ) -> WindowStats:
     """Resolve the records' device stamps and reduce them to a ``WindowStats``."""
     if not records:
@@ -102,7 +117,35 @@ def summarize(
         transfer_frac=transfer / safe,
         busy_frac=compute / safe,
         resources=resources,
+        batches=sum(r.micro_batches for r in records),
+        supply_ratio=supply_ratio(records, ready),
     )
+
+
+def supply_ratio(records: Sequence[StepRecord], ready: Sequence[tuple[object, int] | None]) -> float | None:
+    """Batches the loader made per batch the loop took, over the window: the least-squares slope against time of
+    the batches made by each step's end (taken so far plus those waiting ready, ``ready[i]`` read as step ``i``
+    ended) over the slope of those taken.
+
+    Slopes over every step, not the two ends: a loader's stock of ready batches saw-tooths as its workers take
+    turns, and the ends alone would carry that. None without a reading at every step, or when the window crosses
+    an epoch boundary (an epoch's end empties the stock whatever the loader's speed)."""
+    if len(ready) != len(records) or len(records) < 3 or any(r is None for r in ready):
+        return None
+    epoch = ready[0][0]  # type: ignore[index]
+    if any(r[0] is not epoch for r in ready):  # type: ignore[index]
+        return None
+    xs = [r.end for r in records]
+    taken = list(itertools.accumulate(r.micro_batches for r in records))
+    made = [t + reading[1] for t, reading in zip(taken, ready)]  # type: ignore[index]
+    took = _slope(xs, taken)
+    return None if not took else max(0.0, _slope(xs, made) / took)
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
 
 
 def _block_rel_se(totals: Sequence[float], blocks: int = 5) -> float:
@@ -137,6 +180,7 @@ class WindowMeter:
         self._probe = probe
         self._on_window = on_window
         self._steps: list[StepRecord] = []
+        self._ready: list[tuple[object, int] | None] = []
         self._seen = 0
         self._windows = 0
         self._mark: Any = None
@@ -168,6 +212,7 @@ class WindowMeter:
         if self._mark is None:
             self._mark = self._probe.begin()
         self._steps.append(record)
+        self._ready.append(self._probe.ready_now())
         if len(self._steps) >= self._length:
             self.compute()
 
@@ -183,9 +228,11 @@ class WindowMeter:
             first_step=self._seen - len(self._steps),
             resources=self._probe.end(self._mark),
             blocks=self._blocks,
+            ready=self._ready,
         )
         self._windows += 1
         self._steps = []
+        self._ready = []
         self._mark = self._probe.begin()
         self._on_window(stats)
         return stats
@@ -194,6 +241,7 @@ class WindowMeter:
         """Drop the unfinished window; ignore the next ``skip`` steps (a configuration change settling), and
         make windows ``length`` steps long (default: ``window``), their noise estimated from ``blocks`` blocks."""
         self._steps = []
+        self._ready = []
         self._skip = skip
         self._length = max(self.window, length or 0)
         self._blocks = blocks

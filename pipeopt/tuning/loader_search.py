@@ -190,11 +190,11 @@ class LoaderSearch:
         return True
 
     def _grow(self) -> Iterator[LoaderSettings]:
-        """Double the workers while it pays. One count that does not beat the best is forgiven - from the main
-        process, a single worker only overlaps loading with the step and often ties; two in a row end it."""
+        """Double the workers while it pays; the first count that does not beat the best beyond noise (measured
+        twice when too close to call) ends it. Only the step from the main process to one worker is forgiven a
+        tie: a single worker merely overlaps loading with the step."""
         best = self.baseline
         n = max(1, 2 * best.settings.num_workers)
-        misses = 0
         while True:
             if not self._fits(n):
                 if self.stop_reason is None:
@@ -213,16 +213,14 @@ class LoaderSearch:
                     self.stop_reason = f"{_workers(n)} failed: {trial.error}"
                     return
             if faster(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
-                best, misses = trial, 0
+                best = trial
                 if (trial.data_wait_frac or 0.0) < INPUT_SOLVED_WAIT:
                     self.stop_reason = f"with {_workers(n)} the loop waits for data {trial.data_wait_frac:.0%} of a step"
                     return
-            else:
-                misses += 1
-                if misses == 2:
-                    self.stop_reason = (f"{_workers(n)} were not faster than {_workers(best.settings.num_workers)} "
-                                        "beyond noise")
-                    return
+            elif not (n == 1 and best is self.baseline):
+                self.stop_reason = (f"{_workers(n)} were not faster than {_workers(best.settings.num_workers)} "
+                                    "beyond noise")
+                return
             n *= 2
 
     def _refine(self) -> Iterator[LoaderSettings]:

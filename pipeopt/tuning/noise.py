@@ -25,8 +25,8 @@ class Rate:
 
     @classmethod
     def of(cls, window: WindowStats) -> Rate:
-        value = window.samples_per_s if window.samples_per_s else window.steps_per_s
-        return cls(value=value, rel_se=window.rate_rel_se)
+        """The rate the window's loader sustains (``WindowStats.sustained_per_s``), with the window's noise."""
+        return cls(value=window.sustained_per_s, rel_se=window.rate_rel_se)
 
 
 def combine(a: Rate, b: Rate) -> Rate:

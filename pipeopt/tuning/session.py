@@ -38,11 +38,13 @@ class Switcher(Protocol):
 VERIFY_TOLERANCE = 0.20
 
 
+
 @dataclass(frozen=True)
 class Agreed:
     """One window's figures as all ranks agree on them."""
 
     rate: Rate
+    step_time_s: float
     data_wait_frac: float
     transfer_frac: float
     cpu_main_pct: float | None
@@ -56,16 +58,17 @@ def _local_vector(stats: WindowStats, mem: int | None, failed: bool, over_budget
     """Figures arranged so that the element-wise maximum across ranks is the agreed value (rates negated)."""
     res = stats.resources
     rate = Rate.of(stats)
-    return [-rate.value, rate.rel_se, stats.data_wait_frac, stats.transfer_frac,
+    return [-rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
             -1.0 if res.cpu_main_pct is None else res.cpu_main_pct,
             -1.0 if res.cpu_workers_pct is None else res.cpu_workers_pct,
             -1.0 if mem is None else float(mem), float(failed), float(over_budget)]
 
 
 def _agreed(vector: Sequence[float]) -> Agreed:
-    rate, se, wait, transfer, cpu_main, cpu_workers, mem, failed, over = vector
+    rate, se, step, wait, transfer, cpu_main, cpu_workers, mem, failed, over = vector
     return Agreed(
         rate=Rate(-rate, se),
+        step_time_s=step,
         data_wait_frac=wait,
         transfer_frac=transfer,
         cpu_main_pct=None if cpu_main < 0 else cpu_main,
@@ -90,6 +93,7 @@ class LoaderSession:
         budget_s: float,
         reset_meter: Callable[[str, int, int, int], None],
         window: int = 20,
+        min_window_s: float = 0.0,
         epoch_steps: int | None = None,
         clock: Callable[[], float],
         say: Callable[[str], None] = lambda line: None,
@@ -100,6 +104,7 @@ class LoaderSession:
     ) -> None:
         self._agree = agree
         self._window = window
+        self._min_window_s = min_window_s
         self._epoch_steps = epoch_steps
         self._switcher = switcher
         self._budget = budget
@@ -128,6 +133,7 @@ class LoaderSession:
         self.notes: list[str] = []
         self.from_cache = False
         self._expected: Rate | None = None
+        self._last_step_s: float | None = None
 
     # -- events ---------------------------------------------------------------------------------------------
     def on_window(self, stats: WindowStats) -> None:
@@ -147,6 +153,7 @@ class LoaderSession:
         mem = self._worker_memory() if self._switcher.current.num_workers else None
         agreed = _agreed(self._agree(_local_vector(stats, mem, self._failure is not None, over_budget)))
         failure, self._failure = self._failure, None
+        self._last_step_s = agreed.step_time_s
         {"before": self._on_before, "trial": self._on_trial, "after": self._on_after, "verify": self._on_verify}[
             self.state](stats, agreed, failure)
 
@@ -270,8 +277,10 @@ class LoaderSession:
     # -- helpers --------------------------------------------------------------------------------------------
     def _apply(self, settings: LoaderSettings, *, label: str, timeout_s: float | None) -> None:
         """Switch, then skip the old loader's in-flight batches and the new loader's first queue-full (prefetched
-        while the old one drained, it would flatter the new setting), and measure a window at least twice that
-        queue long, so the queue's state at either end of the window moves the rate by little."""
+        while the old one drained), and measure a window at least that queue and ``min_window_s`` long (in steps at
+        the last window's pace: a shared machine's second-to-second wobble averages out, and a trial close to the
+        best costs little). A stock
+        of ready batches the window still draws down is taken out of its rate (``WindowStats.sustained_per_s``)."""
         previous, self._applied = self._applied, settings
         self._switcher.switch(settings, timeout_s=timeout_s)
         self._measure(f"{label}: {settings.describe()}", _in_flight(previous) + _in_flight(settings), settings)
@@ -281,7 +290,8 @@ class LoaderSession:
         if settings is None:
             self._reset_meter(label, skip, 0, 5)
             return
-        length = max(self._window, 2 * _in_flight(settings))
+        paced = int(self._min_window_s / self._last_step_s) if self._last_step_s else 0
+        length = max(self._window, _in_flight(settings), paced)
         epoch = self._epoch_steps
         if epoch and epoch <= length:  # short epochs: whole ones, so each window holds as many epoch starts
             epochs = max(2, -(-length // epoch))

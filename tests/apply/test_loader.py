@@ -1,6 +1,7 @@
 """Handing a running epoch from one DataLoader to another: same samples, same order, each once."""
 
 import itertools
+import time
 
 import psutil
 import pytest
@@ -120,3 +121,40 @@ def test_without_automatic_batching_the_sampler_is_resumed():
     seen += [int(x) for x in handover]
     assert seen == expected
     handover.close()
+
+
+def test_ready_batches_of_a_handover_count_every_source():
+    user = user_loader(2)
+    live = iter(user)
+    next(live)
+    stream = IndexStream(_compat.take_index_stream(live))
+    handover = Handover(stream, live, user, fallback=lambda err: pytest.fail(str(err)))
+    it, new = start(user, FOUR, stream)
+    handover.add(it, new)
+    try:
+        deadline = time.monotonic() + 20
+        while handover.ready_batches() != 4 + 8:  # the old one's 2 x 2 (refilled after next) + the new one's 4 x 2
+            assert time.monotonic() < deadline, f"ready batches stayed at {handover.ready_batches()}"
+            time.sleep(0.05)
+    finally:
+        handover.close()
+
+
+def test_live_ready_batches_names_the_running_epoch():
+    import pytorch_lightning as pl
+
+    from pipeopt.apply.loader import live_ready_batches
+    from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs
+
+    readings = []
+
+    class Probe(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            readings.append(live_ready_batches(trainer))
+
+    loader = DataLoader(SleepyDataset(n=32, delay_s=0.0), batch_size=4, num_workers=2, persistent_workers=True)
+    pl.Trainer(max_epochs=2, callbacks=[Probe()], **quiet_trainer_kwargs()).fit(Regressor(), loader)
+    assert len(readings) == 16 and all(r is not None and 0 <= r[1] <= 4 for r in readings)
+    epochs = [r[0] for r in readings]
+    assert all(e is epochs[0] for e in epochs[:8]) and all(e is epochs[8] for e in epochs[8:])
+    assert epochs[8] is not epochs[0]  # a new epoch is a new token, even with persistent workers

@@ -12,7 +12,7 @@ from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs
 
 def run(tmp_path, epochs, ckpt_path=None):
     pl.seed_everything(0, verbose=False)
-    callback = PipeOpt(tune=("loader",), window=4, warmup=2, budget_s=2, report_dir=None,
+    callback = PipeOpt(tune=("loader",), window=4, window_s=0, warmup=2, budget_s=2, report_dir=None,
                        console=Console(file=io.StringIO()))
     checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)
     trainer = pl.Trainer(max_epochs=epochs, callbacks=[callback, checkpoint],

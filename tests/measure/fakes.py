@@ -24,5 +24,8 @@ class NullProbe:
         self.begun += 1
         return self.begun
 
+    def ready_now(self) -> None:
+        return None
+
     def end(self, mark: object) -> ResourceFigures:
         return ResourceFigures(gpu_status="n/a (test)")

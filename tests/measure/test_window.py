@@ -78,3 +78,65 @@ def test_reset_can_skip_steps_that_are_settling():
     meter.update(record(3.0))
     meter.update(record(4.0))
     assert [(w.label, w.first_step, w.step_time_s) for w in windows] == [("trial", 3, pytest.approx(0.5))]
+
+
+def _supplied(ready_counts, epochs=None):
+    """50 steps of 0.5 s, one batch of 10 samples each, with these ready-batch readings after each step."""
+    epochs = epochs or [EPOCH] * len(ready_counts)
+    recs = [record(i * 0.5) for i in range(len(ready_counts))]
+    return summarize(recs, HostClock(), index=0, label="trial", first_step=0, resources=NullProbe().end(None),
+                     ready=list(zip(epochs, ready_counts)))
+
+
+EPOCH = object()
+
+
+def test_a_window_living_off_a_prefetched_stock_is_rated_by_what_its_loader_supplied():
+    drained = _supplied([20 - i * 10 // 50 for i in range(50)])  # the stock falls by 10 batches over 50 steps
+    assert drained.batches == 50
+    assert drained.samples_per_s == pytest.approx(20.0)  # what the step consumed
+    assert drained.supply_ratio == pytest.approx(40 / 50, rel=0.05)
+    assert drained.sustained_per_s == pytest.approx(20.0 * 40 / 50, rel=0.05)  # what the loader kept up with
+
+
+def test_a_saw_toothing_stock_does_not_move_the_rate():
+    saw = _supplied([8 - (i % 8) for i in range(48)])  # workers taking turns: 8, 7, ... 1, 8, 7, ...
+    assert saw.sustained_per_s == pytest.approx(20.0, rel=0.04)
+
+
+def test_a_growing_stock_is_no_credit():
+    grew = _supplied(list(range(50)))  # supply doubled the consumption: the step set the pace
+    assert grew.supply_ratio == pytest.approx(2.0)
+    assert grew.sustained_per_s == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("case", ["uncounted", "new epoch", "too short"])
+def test_supply_is_unknown_without_a_reading_at_every_step_of_one_epoch(case):
+    counts = [5] * 10
+    if case == "uncounted":
+        recs = [record(i * 0.5) for i in range(10)]
+        w = summarize(recs, HostClock(), index=0, label="x", first_step=0, resources=NullProbe().end(None),
+                      ready=[(EPOCH, 5)] * 9 + [None])
+    elif case == "new epoch":
+        w = _supplied(counts, epochs=[EPOCH] * 5 + [object()] * 5)
+    else:
+        w = _supplied(counts[:2])
+    assert w.supply_ratio is None
+    assert w.sustained_per_s == pytest.approx(w.samples_per_s)
+
+
+def test_the_meter_reads_the_ready_batches_at_every_step():
+    class Counting(NullProbe):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def ready_now(self):
+            self.n += 1
+            return (EPOCH, 100 - self.n)  # one batch less ready at every step
+
+    seen = []
+    meter = WindowMeter(window=10, warmup=0, clock=HostClock(), probe=Counting(), on_window=seen.append)
+    for i in range(10):
+        meter.update(record(i * 0.5))
+    assert seen[0].supply_ratio == pytest.approx(0.0)  # every batch taken came from the stock

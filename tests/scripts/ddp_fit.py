@@ -26,7 +26,7 @@ def main() -> None:
     pl.seed_everything(1, verbose=False)
     callbacks = []
     if mode == "pipeopt":
-        callbacks.append(PipeOpt(tune=("loader",), window=4, warmup=2, budget_s=3, report_dir=out / "reports",
+        callbacks.append(PipeOpt(tune=("loader",), window=4, window_s=0, warmup=2, budget_s=3, report_dir=out / "reports",
                                  console=Console(file=io.StringIO())))
     model = Regressor()
     trainer = pl.Trainer(max_epochs=2, strategy="ddp", callbacks=callbacks,

@@ -53,13 +53,26 @@ def test_workers_grow_until_the_wait_is_gone_then_the_cheapest_within_noise_wins
 def test_cpu_heavy_workers_stop_at_the_cpu_budget():
     def cpu_world(settings):
         n = settings.num_workers
-        return trial(settings, 100.0 * (1 + min(n, 2)), 0.8, cpu_workers=95.0 * n)
+        return trial(settings, 100.0 * (1 + n), 0.8, cpu_workers=95.0 * n)
 
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
     proposed = run(search, cpu_world)
     assert max(p.num_workers for p in proposed) == 4  # two per CPU always fit; 8 x 95 % would not
     assert "8 workers would need about 760 % CPU" in search.stop_reason
-    assert search.choice().settings.num_workers == 2  # 4 did not beat 2
+    assert search.choice().settings.num_workers == 4
+
+
+def test_growth_ends_at_the_first_count_that_does_not_beat_the_best():
+    def plateau(settings):  # the step caps at 900/s; a fetch costs the loop some wait however many workers
+        n = settings.num_workers
+        return trial(settings, min(900.0, 100.0 * max(n, 1)), 0.8 if n < 8 else 0.12, cpu_workers=5.0 * n)
+
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    counts = [p.num_workers for p in run(search, plateau)]
+    # 1 worker ties the main process (forgiven); 16 beats 8 (+12.5 %); 32 ties 16 twice and ends growth
+    assert counts[:8] == [1, 1, 2, 4, 8, 16, 32, 32]
+    assert 64 not in counts
+    assert "were not faster than" in search.stop_reason
 
 
 def test_a_failed_trial_ends_growth_and_is_never_chosen():

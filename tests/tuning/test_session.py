@@ -1,7 +1,7 @@
 """The tuning session against a fake switcher and fake ranks: the agreed figures drive every decision."""
 
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
-from pipeopt.tuning.session import LoaderSession, _local_vector
+from pipeopt.tuning.session import LoaderSession, _agreed, _local_vector
 from tests.helpers import make_window
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
@@ -48,7 +48,7 @@ def test_a_failure_on_another_rank_fails_the_trial_on_every_rank():
 
     def agree(values):
         other = list(values)
-        other[7] = 1.0 if other_rank_failed["now"] else 0.0  # the "failed" slot of the other rank's vector
+        other[8] = 1.0 if other_rank_failed["now"] else 0.0  # the "failed" slot of the other rank's vector
         return [max(a, b) for a, b in zip(values, other)]
 
     s, switcher, _ = session(agree)
@@ -101,8 +101,12 @@ def test_an_after_window_that_is_not_faster_reverts_to_the_users_loader():
 
 
 def test_the_local_vector_orders_figures_for_an_elementwise_maximum():
-    v = _local_vector(window(250.0, 0.3), mem=None, failed=False, over_budget=True)
-    assert v[0] == -250.0 and v[2] == 0.3 and v[6] == -1.0 and v[-1] == 1.0
+    w = window(250.0, 0.3)
+    v = _local_vector(w, mem=None, failed=False, over_budget=True)
+    assert v[0] == -250.0 and v[2] == w.step_time_s and v[3] == 0.3 and v[7] == -1.0 and v[-1] == 1.0
+    agreed = _agreed([max(a, b) for a, b in zip(v, _local_vector(window(200.0, 0.5), mem=None, failed=False,
+                                                                   over_budget=False))])
+    assert agreed.rate.value == 200.0 and agreed.data_wait_frac == 0.5 and agreed.over_budget  # the worst of each
 
 
 def test_a_cached_configuration_is_trusted_when_it_verifies():

@@ -1,0 +1,44 @@
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from pipeopt import _compat
+
+
+def _wait_for(predicate, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "the loader's workers did not fill their queue in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("pin_memory", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                reason="the pin-memory thread's second queue exists only with CUDA")),
+])
+def test_ready_batches_counts_what_the_workers_finished(pin_memory):
+    data = TensorDataset(torch.arange(64.0))
+    iterator = iter(DataLoader(data, batch_size=4, num_workers=2, prefetch_factor=3, pin_memory=pin_memory))
+    try:
+        _wait_for(lambda: _compat.ready_batches(iterator) == 6)  # 2 workers x prefetch 3, all finished
+        next(iterator)
+        next(iterator)
+        assert _compat.ready_batches(iterator) <= 6
+        _wait_for(lambda: _compat.ready_batches(iterator) == 6)  # refilled for the batches taken
+        for _ in range(16 - 2 - 6):
+            next(iterator)
+        _wait_for(lambda: _compat.ready_batches(iterator) == 6)  # the last 6 batches of the epoch: no refill
+        for _ in range(6):
+            next(iterator)
+        assert _compat.ready_batches(iterator) == 0
+    finally:
+        _compat.shutdown_iterator(iterator)
+
+
+def test_a_single_process_loader_holds_no_ready_batches():
+    iterator = iter(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4))
+    assert _compat.ready_batches(iterator) == 0
+    assert _compat.ready_batches(iter([1, 2])) is None  # not a DataLoader iterator: unknown
