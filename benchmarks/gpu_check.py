@@ -2,8 +2,9 @@
 
     python benchmarks/gpu_check.py [--out benchmarks/results]
 
-Writes ``gpu-foundation.json`` (CUDA timing correctness, NVML sampling, observation overhead) into ``--out``.
-Later sections (mixed precision, DALI) add their own ``gpu-*.json``. On a machine without CUDA it says so and
+Writes ``gpu-foundation.json`` (CUDA timing correctness, NVML sampling, observation overhead) and
+``gpu-precision-batch.json`` (the precision pipeopt chooses for a transformer and its measured speedup over fp32; a
+batch over the memory budget trained as accumulated micro-batches, with its peak memory) into ``--out``. On a machine without CUDA it says so and
 exits 0 without writing anything, so it is safe to run anywhere.
 """
 
@@ -147,6 +148,78 @@ def check_overhead(pairs: int = 4) -> dict[str, Any]:
             "overhead_pct": 100 * (1 - ratio)}
 
 
+class TinyTransformer(pl.LightningModule):
+    """A transformer-style classifier on random tokens (matmul-heavy: where bf16 pays on tensor cores)."""
+
+    def __init__(self, width: int = 1024, layers: int = 6, seq: int = 256) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1000, width)
+        layer = nn.TransformerEncoderLayer(width, nhead=16, dim_feedforward=4 * width, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(width, 10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        tokens, labels = batch
+        return nn.functional.cross_entropy(self.head(self.encoder(self.embed(tokens)).mean(1)), labels)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+
+def _tokens(n: int, seq: int = 256) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randint(0, 1000, (n, seq), generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+def check_precision_and_batch() -> dict[str, Any]:
+    data = _tokens(4096)
+    walls: dict[str, list[float]] = {"fp32": [], "pipeopt": []}
+    chosen = None
+    for r in range(2):  # interleaved pairs: fp32 as the user left it, and under PipeOpt(tune=("precision",))
+        for mode in (("fp32", "pipeopt") if r % 2 == 0 else ("pipeopt", "fp32")):
+            pl.seed_everything(0, verbose=False)
+            cb = PipeOpt(tune=("precision",), report_dir=None, cache=False, console=Console(file=io.StringIO()))
+            walls[mode].append(fit(TinyTransformer(), DataLoader(data, batch_size=64, pin_memory=True), 60,
+                                   [cb] if mode == "pipeopt" else []))
+            if mode == "pipeopt":
+                chosen = next((c.after for c in cb.report.changes if c.knob == "precision"), "32-true")
+    speedup = statistics.median(walls["fp32"]) / statistics.median(walls["pipeopt"])
+    # A batch over the budget: memory_fraction 0.05 of the card (about 7 GB on an H200) against a batch of 512
+    # sequences, whose fp32 step needs far more; pipeopt must train it as accumulated micro-batches.
+    fraction = 0.05
+    budget = fraction * torch.cuda.get_device_properties(0).total_memory
+    counts: list[int] = []
+
+    class Count(pl.Callback):
+        seen = 0
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, i: int) -> None:
+            Count.seen += len(batch[0])
+
+        def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            counts.append(Count.seen)
+            Count.seen = 0
+
+    cb = PipeOpt(tune=("batch",), memory_fraction=fraction, report_dir=None, cache=False,
+                 console=Console(file=io.StringIO()))
+    torch.cuda.reset_peak_memory_stats()
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(accelerator="cuda", devices=1, max_steps=6, callbacks=[cb, Count()], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(TinyTransformer(), DataLoader(data, batch_size=512))
+    peaks = [w.resources.peak_mem_bytes for w in cb.windows if w.resources.peak_mem_bytes]
+    return {
+        "precision": {"chosen": chosen, "fp32_wall_s": walls["fp32"], "pipeopt_wall_s": walls["pipeopt"],
+                      "measured_speedup_over_fp32": speedup, "notes": cb.report.notes if cb.report else []},
+        "batch": {"user_batch": 512, "memory_fraction": fraction, "budget_bytes": int(budget),
+                  "changes": [(c.knob, c.before, c.after) for c in cb.report.changes],
+                  "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                  "samples_per_optimizer_step": counts,
+                  "window_peak_bytes": peaks, "peak_within_budget": bool(peaks) and max(peaks) <= budget,
+                  "notes": cb.report.notes},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -169,6 +242,13 @@ def main() -> int:
     path = args.out / "gpu-foundation.json"
     path.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
+    print(f"wrote {path}")
+    started = time.perf_counter()
+    mixed = check_precision_and_batch()
+    mixed["elapsed_s"] = time.perf_counter() - started
+    path = args.out / "gpu-precision-batch.json"
+    path.write_text(json.dumps(mixed, indent=2, default=str) + "\n")
+    print(json.dumps(mixed, indent=2, default=str))
     print(f"wrote {path}")
     return 0
 

@@ -107,6 +107,8 @@ def take_index_stream(iterator: Any) -> Any:
     Returns the iterator over the epoch's remaining (batches of) indices. The DataLoader iterator keeps what it
     already dispatched to its workers, delivers it, and then stops.
     """
+    if hasattr(iterator, "take_index_stream"):  # pipeopt's own re-cutting iterator (see apply/batch.py)
+        return iterator.take_index_stream()
     stream = iterator._sampler_iter
     iterator._sampler_iter = iter(())
     return stream
@@ -198,3 +200,79 @@ def ready_batches(iterator: Any) -> int | None:
     except (NotImplementedError, OSError, AttributeError):  # qsize() is not implemented on macOS
         return None
     return ready + sum(1 for info in getattr(iterator, "_task_info", {}).values() if len(info) == 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Precision plugins (public classes; where the strategy keeps its plugin is the seam).
+
+
+def precision_of(trainer: Any) -> str:
+    """The run's precision flag, e.g. ``"32-true"`` (Lightning's default) or ``"bf16-mixed"``."""
+    return str(trainer.strategy.precision_plugin.precision)
+
+
+def precision_plugin(precision: str, device_type: str) -> Any:
+    """A fresh plugin for ``precision``: autocast-style ``MixedPrecision`` for the mixed ones (``16-mixed`` with its
+    own gradient scaler), the plain ``Precision`` for ``32-true``."""
+    from pytorch_lightning.plugins.precision import MixedPrecision, Precision
+
+    if precision == "32-true":
+        return Precision()
+    return MixedPrecision(precision, device_type)  # type: ignore[arg-type]
+
+
+def set_precision_plugin(trainer: Any, plugin: Any) -> None:
+    """Swap the strategy's precision plugin on a running fit. Safe for autocast-style plugins only: a later swap
+    skips the module conversion a true-half plugin would need."""
+    trainer.strategy.precision_plugin = plugin
+
+
+@contextlib.contextmanager
+def no_logging(module: Any) -> Iterator[None]:
+    """Calls to ``self.log`` / ``self.log_dict`` inside a probe of ``training_step`` record nothing."""
+    saved = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
+    module.log = module.log_dict = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batch plans: where a fit keeps its epoch length and accumulation (Lightning privates and attributes).
+
+
+def accumulation(trainer: Any) -> int:
+    return int(trainer.accumulate_grad_batches)
+
+
+def install_train_loader(trainer: Any, loader: Any, accumulate: int, epoch_iterator: Any = None) -> None:
+    """Train on ``loader`` with ``accumulate`` batches per optimizer step, from the running (first) epoch on.
+
+    Lightning sized the epoch from the previous loader - the loop's ``max_batches``, the combined loader's limits,
+    the fetcher's length (its ``is_last_batch``), the validation interval - and already created the first
+    epoch's iterator; all are set again here, and ``epoch_iterator`` (the running epoch's batches, re-cut) replaces
+    that iterator. Only for ``limit_train_batches=1.0`` and a fractional ``val_check_interval``."""
+    fit_loop = trainer.fit_loop
+    combined = fit_loop._combined_loader
+    length = len(loader)
+    combined.flattened = [loader]
+    combined.limits = [length]
+    mode = getattr(combined, "_iterator", None)
+    if mode is not None:
+        mode.iterables = list(combined.flattened)
+        mode.limits = [length]
+        if epoch_iterator is not None:
+            mode.iterators[0] = epoch_iterator
+    fit_loop.max_batches = length
+    fetcher = getattr(fit_loop, "_data_fetcher", None)
+    if fetcher is not None:
+        fetcher.length = length
+        fetcher.done = length == 0
+    if isinstance(trainer.val_check_interval, float) and getattr(trainer, "val_check_batch", None) not in (None, float("inf")):
+        trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
+    trainer.accumulate_grad_batches = accumulate

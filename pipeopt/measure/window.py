@@ -128,8 +128,9 @@ def supply_ratio(records: Sequence[StepRecord], ready: Sequence[tuple[object, in
     ended) over the slope of those taken.
 
     Slopes over every step, not the two ends: a loader's stock of ready batches saw-tooths as its workers take
-    turns, and the ends alone would carry that. None without a reading at every step, or when the window crosses
-    an epoch boundary (an epoch's end empties the stock whatever the loader's speed)."""
+    turns, and the ends alone would carry that. None without a reading at every step, when the window crosses an
+    epoch boundary (an epoch's end empties the stock whatever the loader's speed), or when it took fewer batches
+    than twice the largest stock it saw."""
     if len(ready) != len(records) or len(records) < 3 or any(r is None for r in ready):
         return None
     epoch = ready[0][0]  # type: ignore[index]
@@ -137,6 +138,8 @@ def supply_ratio(records: Sequence[StepRecord], ready: Sequence[tuple[object, in
         return None
     xs = [r.end for r in records]
     taken = list(itertools.accumulate(r.micro_batches for r in records))
+    if taken[-1] < 2 * max(r[1] for r in ready):  # type: ignore[index]
+        return None  # too short for the stock it drew on: its workers' supply and the stock cannot be told apart
     made = [t + reading[1] for t, reading in zip(taken, ready)]  # type: ignore[index]
     took = _slope(xs, taken)
     return None if not took else max(0.0, _slope(xs, made) / took)

@@ -17,6 +17,7 @@ The search (a plan, fed one measured trial at a time):
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -189,13 +190,32 @@ class LoaderSearch:
             return False
         return True
 
+    def _first_count(self) -> int:
+        """Where growth starts: twice the user's workers - or, from the main process, the workers the before-window
+        says the step needs, rounded down to a power of two and at most two per CPU (beyond, the CPU a worker
+        takes must be measured first). The loop waited a share ``w`` of each step while the main process loaded;
+        a worker loading as fast keeps up with ``1 - w`` of an input-free step, so about ``w / (1 - w)`` workers
+        do. A heavily input-bound run skips the counts that cannot be enough."""
+        user = self.baseline.settings.num_workers
+        if user > 0:
+            return 2 * user
+        wait = min(self.baseline.data_wait_frac or 0.0, 0.99)
+        needed = wait / (1.0 - wait)
+        first = 2 ** math.floor(math.log2(needed)) if needed >= 1 else 1
+        return max(1, min(first, 2 * self.budget.cpus))
+
     def _grow(self) -> Iterator[LoaderSettings]:
         """Double the workers while it pays; the first count that does not beat the best beyond noise (measured
         twice when too close to call) ends it. Only the step from the main process to one worker is forgiven a
-        tie: a single worker merely overlaps loading with the step."""
+        tie: a single worker merely overlaps loading with the step. A first count that fails is halved (the jump
+        may have overshot what the machine survives), and growth stays below it."""
         best = self.baseline
-        n = max(1, 2 * best.settings.num_workers)
+        n = self._first_count()
+        failed_at: tuple[int, str | None] | None = None
         while True:
+            if failed_at is not None and n >= failed_at[0]:
+                self.stop_reason = f"{_workers(failed_at[0])} failed: {failed_at[1]}"
+                return
             if not self._fits(n):
                 if self.stop_reason is None:
                     self.stop_reason = f"{n} workers exceed the budget ({self.budget.cpus} CPUs, cap {MAX_WORKERS})"
@@ -203,6 +223,9 @@ class LoaderSearch:
             candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
             yield candidate
             trial = self.trials[-1]
+            if not trial.ok and best is self.baseline and n > 1:
+                failed_at, n = (n, trial.error), n // 2
+                continue
             if not trial.ok:
                 self.stop_reason = f"{_workers(n)} failed: {trial.error}"
                 return

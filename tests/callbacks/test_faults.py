@@ -79,7 +79,10 @@ def test_a_hanging_or_shm_starved_candidate_is_discarded(no_leaks, dataset_cls, 
     tuned, trainer = fit([callback], data)
     assert tuned.seen == plain.seen
     failed = [t for t in callback.report.trials if t.status == "failed"]
-    assert failed and failed[0].settings["num_workers"] == 2 and error in failed[0].error
+    # growth starts at 4 workers (the before-window waited most of each step), which fail; halved, 2 fail too
+    # (a hang costs its timeout and torch's join of each hung worker: the budget may run out before 2 are tried)
+    assert failed[0].settings["num_workers"] == 4 and all(error in t.error for t in failed)
+    assert all(t.settings["num_workers"] >= 2 for t in failed)
     assert trainer.train_dataloader.num_workers < 2
 
 

@@ -34,14 +34,14 @@ class CrashingWorkers(SleepyDataset):
 
 
 def test_order_is_identical_and_a_switch_happened_mid_epoch():
-    data = SleepyDataset(n=256, delay_s=0.002)
+    data = SleepyDataset(n=512, delay_s=0.002)
     plain, _ = fit([], data)
     callback = tuner()
     tuned, trainer = fit([callback], data)
     assert tuned.seen == plain.seen
     assert len(callback.report.trials) >= 3  # the user's settings and at least two candidates
     assert callback.windows[1].label.startswith("trial")
-    assert callback.windows[1].first_step < 256 // 8  # in the first epoch, i.e. mid-epoch
+    assert callback.windows[1].first_step < 512 // 8  # in the first epoch, i.e. mid-epoch
     assert psutil.Process().children() == []
 
 
@@ -70,8 +70,8 @@ def test_a_crashing_candidate_is_discarded_and_training_goes_on():
     tuned, trainer = fit([callback], data, epochs=1)
     assert tuned.seen == plain.seen  # every sample once, in order, despite the crash
     failed = [t for t in callback.report.trials if t.status == "failed"]
-    assert failed and failed[0].settings["num_workers"] == 2
-    assert "exited unexpectedly" in failed[0].error
+    assert failed and failed[0].settings["num_workers"] == 4  # the first count (most of each step waited)
+    assert all("exited unexpectedly" in t.error and t.settings["num_workers"] >= 2 for t in failed)
     assert all(t.settings["num_workers"] < 2 for t in callback.report.trials if t.status == "ok")
     assert psutil.Process().children() == []
 

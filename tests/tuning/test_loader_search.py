@@ -42,8 +42,9 @@ def test_workers_grow_until_the_wait_is_gone_then_the_cheapest_within_noise_wins
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, more_epochs=True))
     proposed = run(search, storage_world)
     counts = [p.num_workers for p in proposed]
-    # geometric, beyond the 2 CPUs (these workers mostly wait); 1 worker's +5 % is too close to call: measured twice
-    assert counts[:6] == [1, 1, 2, 4, 8, 16]
+    # the before-window waited 90 %: about 9 workers are needed, so growth starts at 4 (two per CPU; beyond, the
+    # CPU a worker takes is measured first) and goes on geometrically past the 2 CPUs (these workers mostly wait)
+    assert counts[:3] == [4, 8, 16]
     assert all(p.persistent_workers for p in proposed if p.num_workers)
     chosen = search.choice().settings
     assert chosen.num_workers == 12  # the refined midpoint reaches the 1000/s cap with fewer workers than 16
@@ -69,8 +70,8 @@ def test_growth_ends_at_the_first_count_that_does_not_beat_the_best():
 
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
     counts = [p.num_workers for p in run(search, plateau)]
-    # 1 worker ties the main process (forgiven); 16 beats 8 (+12.5 %); 32 ties 16 twice and ends growth
-    assert counts[:8] == [1, 1, 2, 4, 8, 16, 32, 32]
+    # 16 beats 8 (+12.5 %); 32 ties 16 twice and ends growth
+    assert counts[:5] == [4, 8, 16, 32, 32]
     assert 64 not in counts
     assert "were not faster than" in search.stop_reason
 
@@ -124,7 +125,7 @@ def test_a_count_too_close_to_call_is_measured_again_and_judged_on_both():
             return trial(settings, 104.0 if seen[n] == 1 else 108.0, 0.8)  # +4 %, then +8 %: together +6 %
         return trial(settings, 100.0, 0.8)
 
-    search = LoaderSearch(trial(USER, 100.0, 0.8), Budget(cpus=2))
+    search = LoaderSearch(trial(USER, 100.0, 0.5), Budget(cpus=2))  # half the step waiting: start at 1 worker
     proposed = [p.num_workers for p in run(search, close_then_clear)]
     assert proposed[:2] == [1, 1]
     one = next(t for t in search.trials if t.settings.num_workers == 1)
@@ -138,3 +139,27 @@ def test_one_noisy_trial_does_not_make_clearly_slower_settings_eligible():
     search.record(trial(two, 613.0, 0.2, cpu_workers=100.0, se=0.036))
     search.record(trial(dataclasses.replace(two, prefetch_factor=4), 632.0, 0.2, se=0.33))  # very noisy
     assert search.choice().settings == two  # 613 beats 519 beyond noise; the noisy 632 beats nothing
+
+
+@pytest.mark.parametrize("wait, first", [(0.3, 1), (0.5, 1), (0.75, 2), (0.8, 4), (0.95, 4)])
+def test_growth_starts_at_the_workers_the_before_window_says_are_needed(wait, first):
+    search = LoaderSearch(trial(USER, 100.0, wait), Budget(cpus=2))
+    assert search.propose().num_workers == first  # w / (1 - w), rounded down to a power of two, <= 2 per CPU
+
+
+def test_from_the_users_workers_growth_doubles_them():
+    search = LoaderSearch(trial(USER.with_workers(3, persistent=False), 100.0, 0.9, cpu_workers=30.0), Budget(cpus=2))
+    assert search.propose().num_workers == 6
+
+
+def test_a_first_count_that_fails_is_halved_and_never_exceeded():
+    def crashing(settings):
+        if settings.num_workers >= 4:
+            return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
+        return storage_world(settings)
+
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    counts = [p.num_workers for p in run(search, crashing)]
+    assert counts[:2] == [4, 2] and max(counts) == 4 and counts.count(4) == 1
+    assert "4 workers failed" in search.stop_reason
+    assert search.choice().settings.num_workers == 2

@@ -52,7 +52,7 @@ def test_a_failure_on_another_rank_fails_the_trial_on_every_rank():
         return [max(a, b) for a, b in zip(values, other)]
 
     s, switcher, _ = session(agree)
-    feed(s, 100.0, 0.9)  # before
+    feed(s, 100.0, 0.5)  # before: half the step waiting, so 1 worker first
     assert switcher.switches[-1].num_workers == 1
     other_rank_failed["now"] = True
     feed(s, 300.0, 0.5)  # this rank measured fine; the other rank's workers died
@@ -79,9 +79,9 @@ def test_the_slowest_rank_and_the_largest_wait_decide():
 def test_any_rank_over_budget_ends_the_search_on_all():
     t = {"now": 0.0}
     s, switcher, _ = session(budget_s=10.0, clock=lambda: t["now"])
-    feed(s, 100.0, 0.9)
+    feed(s, 100.0, 0.5)
     t["now"] = 11.0
-    feed(s, 150.0, 0.6)  # 1 worker: faster, but the budget is spent
+    feed(s, 150.0, 0.3)  # 1 worker: faster, but the budget is spent
     assert any("budget (10 s) ran out" in n for n in s.notes)
     assert s.state == "after" and s.chosen.settings.num_workers == 1
 

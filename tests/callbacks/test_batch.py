@@ -1,0 +1,104 @@
+"""Micro-batch x accumulation in real fits on CPU, with an injected device-memory probe."""
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+import pipeopt.apply.batch as batch_apply
+from tests.callbacks.test_precision import StateAtTrainEnd
+from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs
+
+
+class TightMemory(batch_apply.DeviceMemory):
+    """A device with 1000 bytes to spend, where a plan's step peaks at 100 bytes per sample of its micro-batch
+    (and runs out of memory outright above ``oom_above``)."""
+
+    def __init__(self, oom_above=None):
+        self.oom_above = oom_above
+
+    def budget(self, device, fraction):
+        return 1000
+
+    def peak(self, plan, run, device):
+        if self.oom_above is not None and plan.micro > self.oom_above:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        run()
+        return 100 * plan.micro
+
+
+class SamplesPerStep(pl.Callback):
+    def __init__(self):
+        self.per_step, self._count = [], 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._count += len(batch[0])
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.per_step.append(self._count)
+        self._count = 0
+
+
+def _fit(callbacks, batchnorm=False):
+    pl.seed_everything(3, verbose=False)
+    model = Regressor(hidden=16, batchnorm=batchnorm)
+    loader = DataLoader(SleepyDataset(n=256, delay_s=0.0), batch_size=32, shuffle=True)
+    trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, **quiet_trainer_kwargs())
+    trainer.fit(model, loader)
+    return model, trainer
+
+
+def test_a_batch_that_does_not_fit_trains_as_accumulated_micro_batches(monkeypatch):
+    plain, _ = _fit([])
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
+    counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch",))
+    state = StateAtTrainEnd(callback)
+    model, trainer = _fit([counter, callback, state])
+    assert trainer.accumulate_grad_batches == 4 and trainer.train_dataloader.batch_size is None  # 8 x 4
+    assert counter.per_step == [32] * 16  # the user's effective batch at every optimizer step, as many steps
+    assert model.seen[-len(plain.seen):] == plain.seen  # the same samples in the same order (after the probes)
+    for name, value in plain.state_dict().items():  # the same gradients, summed in another order
+        assert torch.allclose(value, model.state_dict()[name], atol=1e-5), name
+    changes = {c.knob: (c.before, c.after) for c in callback.report.changes}
+    assert changes == {"batch_size": (32, 8), "accumulate_grad_batches": (1, 4)}
+    assert any("does not fit" in c.reason for c in callback.report.changes)
+    assert state.state["tuned"]["batch"] == {"micro": 8, "accumulate": 4}
+
+
+def test_an_out_of_memory_probe_backs_off_and_training_goes_on(monkeypatch):
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory(oom_above=4))
+    counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch",))
+    _, trainer = _fit([counter, callback])
+    assert trainer.accumulate_grad_batches == 8 and counter.per_step == [32] * 16
+    assert any("out of memory" in n for n in callback.report.notes)
+
+
+def test_a_batch_norm_model_keeps_its_micro_batch_when_it_fits(monkeypatch):
+    class Roomy(TightMemory):
+        def budget(self, device, fraction):
+            return 10**9
+
+    monkeypatch.setattr(batch_apply, "MEMORY", Roomy())
+    callback = quiet_pipeopt(tune=("batch",))
+    _, trainer = _fit([callback], batchnorm=True)
+    assert trainer.accumulate_grad_batches == 1
+    assert any("batch norm" in n for n in callback.report.notes)
+
+
+def test_loader_trials_mid_epoch_keep_the_micro_batches_and_the_order(monkeypatch):
+    def fit(callbacks):
+        pl.seed_everything(3, verbose=False)
+        model = Regressor(hidden=16)
+        loader = DataLoader(SleepyDataset(n=512, delay_s=0.002), batch_size=32, shuffle=True)
+        trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, **quiet_trainer_kwargs())
+        trainer.fit(model, loader)
+        return model, trainer
+
+    plain, _ = fit([])
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
+    counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch", "loader"))
+    model, trainer = fit([counter, callback])
+    before = callback.windows[0]
+    assert before.label == "before" and before.first_step + before.steps < 16  # the first trial's switch came
+    assert any(w.label.startswith("trial") for w in callback.windows)  # inside the first, re-cut, epoch
+    assert trainer.accumulate_grad_batches == 4 and counter.per_step == [32] * 32
+    assert model.seen[-len(plain.seen):] == plain.seen
