@@ -1,4 +1,4 @@
-"""Loader tuning under DDP: 2 CPU ranks (gloo), each fit run as a separate process (see scripts/ddp_fit.py)."""
+"""Loader and batch tuning under DDP: 2 CPU ranks (gloo), each fit run as a separate process (see scripts/ddp_fit.py)."""
 
 import json
 import os
@@ -28,3 +28,13 @@ def test_both_ranks_apply_the_same_settings_and_see_what_they_would_have(tmp_pat
     assert (tuned[0]["num_workers"], tuned[0]["persistent_workers"]) == (
         tuned[1]["num_workers"], tuned[1]["persistent_workers"])
     assert len(list((tmp_path / "reports").glob("*.json"))) == 1  # written once, by rank zero
+
+
+def test_both_ranks_run_the_same_batch_plan_with_the_users_effective_batch(tmp_path):
+    plain = run(tmp_path, "plain")
+    tuned = run(tmp_path, "batch")
+    for rank in (0, 1):  # each rank's shard, in its order, re-cut into micro-batches of 4
+        assert tuned[rank]["seen"][-len(plain[rank]["seen"]):] == plain[rank]["seen"]  # after the probes' samples
+        assert tuned[rank]["accumulate"] == 2 and tuned[rank]["samples_per_step"] == plain[rank]["samples_per_step"]
+    assert set(plain[0]["samples_per_step"]) == {8}
+    assert ["batch_size", 4] in tuned[0]["changes"] and tuned[0]["changes"] == tuned[1]["changes"]

@@ -87,3 +87,23 @@ def test_a_plan_step_accumulates_to_the_full_batch_gradient():
     whole = net.lin.weight.grad.clone()
     plan_step(net, [], batch, BatchPlan(4, 4))()
     assert torch.allclose(net.lin.weight.grad, whole, atol=1e-6)
+
+
+@pytest.mark.parametrize("micro", [2, 3, 8, 16])
+def test_the_running_epoch_recut_delivers_what_the_rebatched_loader_would(micro):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pipeopt.apply.batch import Recut, rebatched
+
+    data = TensorDataset(torch.arange(44.0), torch.arange(44))
+
+    def user():
+        return DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5))
+
+    if micro > 4 and micro % 4:
+        return
+    loader = user()
+    recut = [b[1].tolist() for b in Recut(iter(loader), loader, 4, micro)]
+    expected = [b[1].tolist() for b in rebatched(user(), micro)]
+    assert recut == expected
+    assert [i for b in recut for i in b] == [i for b in user() for i in b[1].tolist()]

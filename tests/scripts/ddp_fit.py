@@ -1,9 +1,11 @@
 """A 2-rank CPU DDP fit (gloo), run as its own process: Lightning's `ddp` strategy relaunches this script for
 rank 1, which under pytest would relaunch the test session.
 
-    python tests/scripts/ddp_fit.py OUT_DIR {pipeopt|plain}
+    python tests/scripts/ddp_fit.py OUT_DIR {pipeopt|batch|plain}
 
 Each rank writes OUT_DIR/<mode>-rank<r>.json: the samples it saw, its final loader settings and its trials.
+``batch`` tunes micro-batch x accumulation (and the loader) against an injected device memory of 1000 bytes,
+where a step peaks at 200 bytes per sample of its micro-batch: the user's 8 do not fit, 4 x 2 does.
 """
 
 import io
@@ -17,17 +19,44 @@ import pytorch_lightning as pl  # noqa: E402
 from rich.console import Console  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+import pipeopt.apply.batch as batch_apply  # noqa: E402
 from pipeopt import PipeOpt  # noqa: E402
 from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs  # noqa: E402
+
+
+class TightMemory(batch_apply.DeviceMemory):
+    def budget(self, device, fraction):
+        return 1000
+
+    def peak(self, plan, run, device):
+        run()
+        return 200 * plan.micro
+
+
+class SamplesPerStep(pl.Callback):
+    def __init__(self):
+        self.per_step, self._count = [], 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._count += len(batch[0])
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.per_step.append(self._count)
+        self._count = 0
 
 
 def main() -> None:
     out, mode = Path(sys.argv[1]), sys.argv[2]
     pl.seed_everything(1, verbose=False)
-    callbacks = []
-    if mode == "pipeopt":
-        callbacks.append(PipeOpt(tune=("loader",), window=4, window_s=0, warmup=2, budget_s=3, report_dir=out / "reports",
+    callbacks: list = []
+    if mode in ("pipeopt", "batch"):
+        tune = ("loader",) if mode == "pipeopt" else ("batch", "loader")
+        if mode == "batch":
+            batch_apply.MEMORY = TightMemory()
+        callbacks.append(PipeOpt(tune=tune, window=4, window_s=0, warmup=2, budget_s=3, report_dir=out / "reports",
                                  console=Console(file=io.StringIO())))
+    counter = SamplesPerStep()
+    callbacks.append(counter)
     model = Regressor()
     trainer = pl.Trainer(max_epochs=2, strategy="ddp", callbacks=callbacks,
                          **quiet_trainer_kwargs(devices=2))
@@ -37,8 +66,10 @@ def main() -> None:
         "seen": model.seen,
         "num_workers": loader.num_workers,
         "persistent_workers": loader.persistent_workers,
-        "trials": [t.settings for t in callbacks[0].report.trials] if callbacks else [],
-        "changes": [[c.knob, c.after] for c in callbacks[0].report.changes] if callbacks else [],
+        "trials": [t.settings for t in callbacks[0].report.trials] if mode != "plain" else [],
+        "changes": [[c.knob, c.after] for c in callbacks[0].report.changes] if mode != "plain" else [],
+        "accumulate": trainer.accumulate_grad_batches,
+        "samples_per_step": counter.per_step,
     }
     (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(result))
 
