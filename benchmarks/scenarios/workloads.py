@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -14,12 +13,11 @@ from rich.console import Console
 
 from pipeopt import _compat
 from pipeopt._compat import Callback, rank_zero_warn
-from pipeopt.config import TUNE_GROUPS, PathLike, PipeOptConfig
-from pipeopt.apply import batch as batch_apply
-from pipeopt.apply import precision as precision_apply
 from pipeopt.apply.loader import LoaderSwitcher, live_ready_batches, unsupported
 from pipeopt.cache import TunedCache, default_path, fingerprint
 from pipeopt.callbacks.fingerprint import fit_parts
+from pipeopt.callbacks.start_tuning import BatchTuning, PrecisionTuning
+from pipeopt.config import TUNE_GROUPS, PathLike, PipeOptConfig
 from pipeopt.measure.batch import batch_size
 from pipeopt.measure.cpu import CpuMeter, worker_private_memory
 from pipeopt.measure.device import clock_for
@@ -33,11 +31,8 @@ from pipeopt.report.console import print_report
 from pipeopt.report.html import write_html
 from pipeopt.report.json_io import write_report
 from pipeopt.report.metrics import summary_metrics, window_metrics
-from pipeopt.report.model import Change, Report, Skipped
+from pipeopt.report.model import Report, Skipped
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
-from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchProbe, choose_batch
-from pipeopt.tuning.noise import Rate
-from pipeopt.tuning.precision import FP32, PrecisionChoice, PrecisionTrial, choose_precision
 from pipeopt.tuning.session import LoaderSession
 from pipeopt.verdict import judge
 
@@ -127,11 +122,8 @@ class PipeOpt(Callback):
         self._cache: TunedCache | None = None
         self._cache_key: str | None = None
         self._done_at_window: int | None = None
-        self._precision: PrecisionChoice | None = None  # what precision tuning decided (None: not run)
-        self._precision_notes: list[str] = []
-        self._batch: tuple[BatchPlan, BatchChoice] | None = None  # the user's plan and what batch tuning chose
-        self._batch_notes: list[str] = []
-        self._recut: Any = None  # the first epoch's re-cut iterator, whose workers are stopped at the end
+        self._precision: PrecisionTuning | None = None
+        self._batch: BatchTuning | None = None
 
     # -- set-up and clean-up ------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -193,8 +185,8 @@ class PipeOpt(Callback):
     def _release(self, trainer: Any) -> None:
         if self._switcher is not None:
             self._switcher.close()
-        if self._recut is not None:
-            _compat.shutdown_iterator(self._recut)
+        if self._batch is not None:
+            self._batch.close()
         if self._previous_profiler is not None and isinstance(trainer.profiler, ProfilerTap):
             _compat.swap_profiler(trainer, self._previous_profiler)
         if self._sampler is not None:
@@ -204,8 +196,13 @@ class PipeOpt(Callback):
 
     # -- loader tuning ------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if "precision" in self.config.tune and self._meter is not None:
+            self._precision = PrecisionTuning(agree=self._agree, say=self._say)
         if "batch" in self.config.tune and self._meter is not None:
-            self._tune_batch(trainer, pl_module)
+            self._batch = BatchTuning(memory_fraction=self.config.memory_fraction, agree=self._agree, say=self._say)
+            reason = self._batch.start(trainer, pl_module, self._restored)
+            if reason is not None:
+                self._skip("batch", reason)
         if "loader" in self.config.tune and self._meter is not None:
             self._start_loader_session(trainer)
 
@@ -287,85 +284,14 @@ class PipeOpt(Callback):
             self._switcher.end_of_epoch()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if "precision" in self.config.tune and self._precision is None and self._meter is not None:
-            self._tune_precision(trainer, pl_module, batch, batch_idx)
-        self._step_at_batch_start = trainer.global_step
-
-    # -- micro-batch x accumulation ------------------------------------------------------------------------
-    def _tune_batch(self, trainer: Any, pl_module: Any) -> None:
-        """Before the first epoch: probe the plans with the user's effective batch on samples of the dataset
-        (sandboxed), agree across ranks, and train on the chosen one from the first batch."""
-        combined = _compat.train_combined_loader(trainer)
-        loaders = list(combined.flattened) if combined is not None else []
-        if len(loaders) != 1:
-            self._skip("batch", f"the fit has {len(loaders)} train loaders; pipeopt plans a single one")
-            return
-        loader = loaders[0]
-        reason = batch_apply.unsupported(trainer, pl_module, loader)
-        if reason is not None:
-            self._skip("batch", reason)
-            return
-        user = BatchPlan(loader.batch_size, _compat.accumulation(trainer))
-        if self._restored is not None and "batch" in self._restored:
-            restored = self._restored["batch"]
-            plan = BatchPlan(**restored) if restored else user
-            choice = BatchChoice(plan, "kept by the run this one resumes (from its checkpoint)")
-        else:
-            device = trainer.strategy.root_device
-            sample = batch_apply.sample_batch(trainer, loader, user.effective)
-            probes = self._agree_probes(batch_apply.probe_plans(trainer, pl_module, sample, user))
-            budget = batch_apply.MEMORY.budget(device, self.config.memory_fraction)
-            choice = choose_batch(user, probes, budget_bytes=budget, batchnorm=batch_apply.has_batchnorm(pl_module))
-            self._batch_notes = [_describe_batch_probes(probes, budget)]
-            self._say(f"batch: {choice.plan.describe()} ({choice.reason})")
-        self._batch = (user, choice)
-        if choice.plan != user:
-            self._recut = batch_apply.apply_plan(trainer, loader, choice.plan)
-
-    def _agree_probes(self, probes: list[BatchProbe]) -> list[BatchProbe]:
-        """Every rank's probes of the same plans, agreed: the largest peak, any OOM, the slowest rate."""
-        vector: list[float] = []
-        for p in probes:
-            vector += [-1.0 if p.peak_bytes is None else float(p.peak_bytes), float(p.oom),
-                       -(p.rate.value if p.rate else 0.0), p.rate.rel_se if p.rate else 0.0]
-        agreed = self._agree(vector)
-        out = []
-        for i, p in enumerate(probes):
-            peak, oom, rate, se = agreed[4 * i: 4 * i + 4]
-            out.append(BatchProbe(p.plan, None if peak < 0 else int(peak), oom > 0,
-                                  None if oom > 0 or p.rate is None else Rate(-rate, se)))
-        return out
-
-    # -- precision ----------------------------------------------------------------------------------------
-    def _tune_precision(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        """On the first batch: probe each candidate precision on it (sandboxed), all ranks adopt rank zero's
-        choice (fp32 if any rank's probe failed), and switch the running fit to it."""
-        restored = (self._restored or {}).get("precision")
-        if restored is not None:
-            self._precision = PrecisionChoice(restored, "kept by the run this one resumes (from its checkpoint)")
-        else:
-            reason = precision_apply.unsupported(trainer, pl_module)
+        precision = self._precision
+        if precision is not None and not precision.decided:
+            reason = precision.first_batch(trainer, pl_module, batch, batch_idx, self._restored)
             if reason is not None:
-                self._precision = PrecisionChoice(_compat.precision_of(trainer), reason)
                 self._skip("precision", reason)
-                return
-            trials = precision_apply.probe_precisions(trainer, pl_module, batch, batch_idx)
-            choice = choose_precision(trials)
-            names = [t.precision for t in trials]
-            local = [float(trainer.is_global_zero and t.precision == choice.precision) for t in trials]
-            failed = float(any(t.error is not None for t in trials))
-            agreed = self._agree([*local, failed])
-            if agreed[-1] > 0 and not failed:
-                choice = PrecisionChoice(FP32, "a precision probe failed on another rank; kept fp32")
-            else:
-                choice = PrecisionChoice(names[max(range(len(names)), key=lambda i: agreed[i])], choice.reason)
-            self._precision = choice
-            self._precision_notes = [_describe_precision_trials(trials)]
-            self._say(f"precision: {choice.precision} ({choice.reason})")
-            if self._meter.steps_seen < 1 and self.config.warmup == 0:  # type: ignore[union-attr]
-                self._meter.reset(self._meter.label, skip=1)  # type: ignore[union-attr]  # this step ran the probes
-        if self._precision.precision != _compat.precision_of(trainer):
-            precision_apply.apply_precision(trainer, self._precision.precision)
+            elif self._meter is not None and self._meter.steps_seen < 1 and self.config.warmup == 0:
+                self._meter.reset(self._meter.label, skip=1)  # this step carried the probes
+        self._step_at_batch_start = trainer.global_step
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._timer is not None:
@@ -469,33 +395,17 @@ class PipeOpt(Callback):
                 suggestions=[session.suggestion] if session.suggestion else [],
                 predicted=session.predicted_speedup,
             )
-        precision = self._precision
-        if precision is not None and "precision" not in {s.group for s in self._skipped}:
-            if precision.precision != FP32:
-                extra = dict(extra)
-                extra["changes"] = [Change("precision", FP32, precision.precision, precision.reason),
-                                    *extra.get("changes", [])]
-                extra["suggestions"] = [f"Trainer(..., precision={precision.precision!r})",
-                                        *extra.get("suggestions", [])]
-            else:
-                notes.append(f"precision: {precision.reason}")
-        notes.extend(self._precision_notes)
-        if self._batch is not None:
-            user, choice = self._batch
-            if choice.plan != user:
-                extra = dict(extra)
-                extra["changes"] = [*extra.get("changes", []),
-                                    Change("batch_size", user.micro, choice.plan.micro, choice.reason),
-                                    Change("accumulate_grad_batches", user.accumulate, choice.plan.accumulate,
-                                           choice.reason)]
-                extra["suggestions"] = [*extra.get("suggestions", []),
-                                        f"DataLoader(..., batch_size={choice.plan.micro}) with "
-                                        f"Trainer(..., accumulate_grad_batches={choice.plan.accumulate})"]
-            else:
-                notes.append(f"batch: {choice.reason}")
-        notes.extend(self._batch_notes)
+        for group in (self._precision, self._batch):
+            if group is None:
+                continue
+            outcome = group.outcome()
+            extra = dict(extra)
+            first = group is self._precision  # precision reads first, the batch plan after the loader
+            for key, items in (("changes", outcome.changes), ("suggestions", outcome.suggestions)):
+                extra[key] = [*items, *extra.get(key, [])] if first else [*extra.get(key, []), *items]
+            notes.extend(outcome.notes)
         return Report(
-            mode="tune" if session is not None or precision is not None or self._batch is not None else "observe",
+            mode="tune" if session is not None or self._precision is not None or self._batch is not None else "observe",
             environment=self._env,  # type: ignore[arg-type]
             before=before,
             after=after,
@@ -514,15 +424,13 @@ class PipeOpt(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """What tuning kept, so a run resumed from this checkpoint applies it without trials."""
-        session, precision = self._session, self._precision
+        session = self._session
         tuned: dict[str, Any] = {}
         if session is not None and session.state == "done":
             tuned["loader"] = session.kept.as_kwargs() if session.kept else None
-        if precision is not None and "precision" in self.config.tune:
-            tuned["precision"] = precision.precision
-        if self._batch is not None:
-            user, choice = self._batch
-            tuned["batch"] = None if choice.plan == user else dataclasses.asdict(choice.plan)
+        for group in (self._precision, self._batch):
+            if group is not None:
+                tuned.update(group.state())
         return {"version": STATE_VERSION, "tuned": tuned or None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -553,29 +461,3 @@ def _epoch_steps(trainer: Any) -> int | None:
         return None
     return -(-int(batches) // max(1, trainer.accumulate_grad_batches))
 
-
-def _describe_precision_trials(trials: list[PrecisionTrial]) -> str:
-    base = next((t for t in trials if t.precision == FP32 and t.rate is not None), None)
-    parts = []
-    for t in trials:
-        if t.rate is None:
-            parts.append(f"{t.precision} failed ({t.error})")
-            continue
-        speed = f", {t.rate.value / base.rate.value:.2f}x fp32" if base is not None and base.rate and t is not base else ""
-        loss = f", loss {t.mean_loss:.4g}" if t.mean_loss is not None else ""
-        parts.append(f"{t.precision} {t.rate.value:,.1f} probe steps/s{speed}{loss}")
-    return "precision probes on the first batch (sandboxed: no trace left): " + "; ".join(parts)
-
-
-def _describe_batch_probes(probes: list[BatchProbe], budget: int | None) -> str:
-    parts = []
-    for p in probes:
-        if p.oom:
-            parts.append(f"{p.plan.micro} x {p.plan.accumulate}: out of memory")
-            continue
-        peak = "" if p.peak_bytes is None else f", peak {p.peak_bytes / 2**30:.2f} GiB"
-        rate = "" if p.rate is None else f"{p.rate.value:,.1f} samples/s"
-        parts.append(f"{p.plan.micro} x {p.plan.accumulate}: {rate}{peak}")
-    limit = ("no device memory (CPU): plans compared by speed only" if budget is None
-             else f"budget {budget / 2**30:.2f} GiB")
-    return f"batch probes (micro-batch x accumulation, sandboxed; {limit}): " + "; ".join(parts)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.model import Change, Trial as ReportTrial
+from pipeopt.report.model import Change
+from pipeopt.report.model import Trial as ReportTrial
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
 
