@@ -42,3 +42,20 @@ def test_a_single_process_loader_holds_no_ready_batches():
     iterator = iter(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4))
     assert _compat.ready_batches(iterator) == 0
     assert _compat.ready_batches(iter([1, 2])) is None  # not a DataLoader iterator: unknown
+
+
+class _Hangs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(3600)
+
+
+def test_kill_workers_ends_a_failed_iterators_workers_without_waiting_for_them():
+    iterator = iter(DataLoader(_Hangs(), batch_size=4, num_workers=2))
+    workers = list(iterator._workers)
+    assert all(w.is_alive() for w in workers)
+    _compat.kill_workers(iterator)
+    assert not any(w.is_alive() for w in workers)
+    _compat.shutdown_iterator(iterator)  # the usual shutdown then has nothing left to wait for

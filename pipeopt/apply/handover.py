@@ -83,6 +83,7 @@ class Handover(Iterator[Any]):
         self.failures.append(err)
         for source in [s for s in self._sources if s.tracked]:
             self._sources.remove(source)
+            _compat.kill_workers(source.iterator)  # failed: no graceful join (a hung worker would cost seconds each)
             self._release(source)
         self.stream.recover()
         iterator, loader = self._fallback(err)
