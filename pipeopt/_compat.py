@@ -17,7 +17,7 @@ try:  # `pytorch-lightning` is the declared dependency; `lightning` is a separat
 except ImportError:  # pragma: no cover - only when a user installed `lightning` alone
     import lightning.pytorch as _pl  # type: ignore[no-redef]
 
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn  # noqa: E402  (public re-exports)
+from pytorch_lightning.utilities import rank_zero_warn  # noqa: E402, F401  (a public re-export)
 
 #: Base class of the callback. A callback subclassing either namespace's ``Callback`` runs under both Trainers.
 Callback = _pl.Callback
@@ -284,6 +284,7 @@ def install_train_loader(trainer: Any, loader: Any, accumulate: int, epoch_itera
     if fetcher is not None:
         fetcher.length = length
         fetcher.done = length == 0
-    if isinstance(trainer.val_check_interval, float) and getattr(trainer, "val_check_batch", None) not in (None, float("inf")):
+    batch_based = getattr(trainer, "val_check_batch", None) not in (None, float("inf"))
+    if isinstance(trainer.val_check_interval, float) and batch_based:
         trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
     trainer.accumulate_grad_batches = accumulate

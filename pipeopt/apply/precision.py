@@ -73,7 +73,8 @@ def probe_precisions(trainer: Any, module: Any, batch: Any, batch_idx: int, *, t
             except (RuntimeError, TypeError) as err:  # an op without a kernel for the dtype, OOM, no loss
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                trials.append(PrecisionTrial(precision, None, error=f"{type(err).__name__}: {str(err).splitlines()[0]}"))
+                error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                trials.append(PrecisionTrial(precision, None, error=error))
         module.zero_grad(set_to_none=True)
     return trials
 

@@ -31,8 +31,8 @@ class Sandbox:
         self._state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
         self._grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in module.parameters()]
         self._optim = [copy.deepcopy(o.state_dict()) for o in self._optimizers]
-        self._rng = (torch.get_rng_state(),
-                     torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None,
                      np.random.get_state(), random.getstate())
         self._training = module.training
         return self

@@ -39,7 +39,6 @@ class Switcher(Protocol):
 VERIFY_TOLERANCE = 0.20
 
 
-
 @dataclass(frozen=True)
 class Agreed:
     """One window's figures as all ranks agree on them."""
@@ -280,8 +279,8 @@ class LoaderSession:
         """Switch, then skip the old loader's in-flight batches and the new loader's first queue-full (prefetched
         while the old one drained), and measure a window at least that queue and ``min_window_s`` long (in steps at
         the last window's pace: a shared machine's second-to-second wobble averages out, and a trial close to the
-        best costs little). A stock
-        of ready batches the window still draws down is taken out of its rate (``WindowStats.sustained_per_s``)."""
+        best costs little). A stock of ready batches the window still draws down is taken out of its rate
+        (``WindowStats.sustained_per_s``)."""
         previous, self._applied = self._applied, settings
         self._switcher.switch(settings, timeout_s=timeout_s)
         self._measure(f"{label}: {settings.describe()}", _in_flight(previous) + _in_flight(settings), settings)
