@@ -101,3 +101,45 @@ def make_window(**overrides: Any):
     )
     fields.update(overrides)
     return WindowStats(**fields)
+
+
+class TightMemory:
+    """A device-memory probe for ``pipeopt.apply.batch.MEMORY``: ``budget`` bytes to spend, a plan's step peaking at
+    ``per_sample`` bytes per sample of its micro-batch (and out of memory outright above ``oom_above``)."""
+
+    def __init__(self, per_sample: int = 100, budget: int = 1000, oom_above: int | None = None) -> None:
+        self.per_sample, self._budget, self.oom_above = per_sample, budget, oom_above
+
+    def budget(self, device: Any, fraction: float) -> int:
+        return self._budget
+
+    def peak(self, plan: Any, run: Any, device: Any) -> int:
+        if self.oom_above is not None and plan.micro > self.oom_above:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        run()
+        return self.per_sample * plan.micro
+
+
+class SamplesPerStep(pl.Callback):
+    """Counts the samples that reach each optimizer step."""
+
+    def __init__(self) -> None:
+        self.per_step: list[int] = []
+        self._count = 0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._count += len(batch[0])
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self.per_step.append(self._count)
+        self._count = 0
+
+
+class StateAtTrainEnd(pl.Callback):
+    """What a checkpoint written at the end of training would hold of a PipeOpt's state."""
+
+    def __init__(self, pipeopt: Any) -> None:
+        self.pipeopt, self.state = pipeopt, None
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.state = self.pipeopt.state_dict()

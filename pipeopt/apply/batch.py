@@ -18,7 +18,9 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from pipeopt import _compat
-from pipeopt.measure.sandbox import Sandbox, time_probe
+from pipeopt.apply.loader import loader_like
+from pipeopt.measure.batch import batch_size
+from pipeopt.measure.sandbox import Sandbox, time_probe, training_loss
 from pipeopt.tuning.batch import BatchPlan, BatchProbe, plans
 
 #: Plans whose micro-batch is smaller than the user's divided by this are not probed (accumulating that many
@@ -116,13 +118,6 @@ def _recut(indices: Iterator[list[int]], size: int, micro: int) -> Iterator[list
         yield merged
 
 
-def _length(batch: Any) -> int | None:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else None
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    return next((n for n in (_length(b) for b in items) if n is not None), None)
-
-
 def _concat(parts: list[Any]) -> Any:
     first = parts[0]
     if isinstance(first, torch.Tensor):
@@ -156,7 +151,7 @@ class Recut(Iterator[Any]):
             return self._pending.pop(0)
         if self._micro <= self._size:
             batch = next(self._it)
-            n = _length(batch) or 0
+            n = batch_size(batch) or 0
             self._pending = [_slice(batch, i, i + self._micro) for i in range(0, n, self._micro)]
             return self._pending.pop(0)
         parts = []
@@ -177,14 +172,7 @@ class Recut(Iterator[Any]):
 
 def rebatched(user: DataLoader, micro: int) -> DataLoader:
     """A loader like ``user`` whose batches are ``micro`` samples (see ``Rebatch``)."""
-    kwargs = dict(dataset=user.dataset, batch_sampler=Rebatch(user.batch_sampler, micro),  # type: ignore[arg-type]
-                  num_workers=user.num_workers, collate_fn=user.collate_fn, pin_memory=user.pin_memory,
-                  timeout=user.timeout, worker_init_fn=user.worker_init_fn, generator=user.generator,
-                  persistent_workers=user.persistent_workers, pin_memory_device=getattr(user, "pin_memory_device", ""))
-    if user.num_workers > 0:
-        kwargs["prefetch_factor"] = user.prefetch_factor
-        kwargs["multiprocessing_context"] = user.multiprocessing_context
-    return DataLoader(**kwargs)
+    return loader_like(user, batch_sampler=Rebatch(user.batch_sampler, micro))  # type: ignore[arg-type]
 
 
 def sample_batch(trainer: Any, loader: DataLoader, size: int) -> Any:
@@ -215,8 +203,7 @@ def plan_step(module: Any, optimizers: list[Any], batch: Any, plan: BatchPlan) -
         total = torch.zeros(())
         for i in range(plan.accumulate):
             micro = _slice(batch, i * plan.micro, (i + 1) * plan.micro)
-            out = module.training_step(micro, i)
-            loss = out["loss"] if isinstance(out, dict) else out
+            loss = training_loss(module, micro, i)
             (loss / plan.accumulate).backward()
             total = total + loss.detach().float().cpu()
         for optimizer in optimizers:

@@ -43,6 +43,30 @@ def unsupported(loader: Any) -> str | None:
     return None
 
 
+def loader_like(user: DataLoader, **changes: Any) -> DataLoader:
+    """A ``torch.utils.data.DataLoader`` with ``user``'s dataset, collate function, worker init, generator, timeout,
+    worker and pinning settings, except ``changes`` - which must say how batches are drawn (``batch_sampler=``,
+    or ``sampler=`` with ``batch_size=None``)."""
+    kwargs: dict[str, Any] = {
+        "dataset": user.dataset,
+        "num_workers": user.num_workers,
+        "collate_fn": user.collate_fn,
+        "pin_memory": user.pin_memory,
+        "timeout": user.timeout,
+        "worker_init_fn": user.worker_init_fn,
+        "generator": user.generator,
+        "prefetch_factor": user.prefetch_factor,
+        "persistent_workers": user.persistent_workers,
+        "pin_memory_device": getattr(user, "pin_memory_device", ""),
+        "in_order": getattr(user, "in_order", True),
+        "multiprocessing_context": user.multiprocessing_context,
+        **changes,
+    }
+    if kwargs["num_workers"] == 0:  # torch refuses these without workers
+        kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None)
+    return DataLoader(**{k: v for k, v in kwargs.items() if k in _INIT_PARAMS})
+
+
 def build_loader(
     user: DataLoader,
     settings: LoaderSettings,
@@ -53,28 +77,20 @@ def build_loader(
     timeout: float | None = None,
 ) -> DataLoader:
     """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs."""
-    workers = settings.num_workers
-    kwargs: dict[str, Any] = {
-        "dataset": user.dataset,
-        "num_workers": workers,
-        "collate_fn": user.collate_fn,
-        "pin_memory": settings.pin_memory,
-        "timeout": user.timeout if timeout is None else timeout,
-        "worker_init_fn": user.worker_init_fn,
-        "generator": generator,
-        "prefetch_factor": settings.prefetch_factor if workers > 0 else None,
-        "persistent_workers": settings.persistent_workers and workers > 0,
-        "pin_memory_device": getattr(user, "pin_memory_device", ""),
-        "in_order": getattr(user, "in_order", True),
-    }
-    if workers > 0 and user.multiprocessing_context is not None:
-        kwargs["multiprocessing_context"] = user.multiprocessing_context
     if user.batch_sampler is not None:
-        kwargs["batch_sampler"] = ResumingSampler(user.batch_sampler, first, before_epoch)
+        drawn: dict[str, Any] = {"batch_sampler": ResumingSampler(user.batch_sampler, first, before_epoch)}
     else:  # no automatic batching: the sampler yields single indices
-        kwargs["sampler"] = ResumingSampler(user.sampler, first, before_epoch)
-        kwargs["batch_size"] = None
-    return DataLoader(**{k: v for k, v in kwargs.items() if k in _INIT_PARAMS})
+        drawn = {"sampler": ResumingSampler(user.sampler, first, before_epoch), "batch_size": None}
+    return loader_like(
+        user,
+        num_workers=settings.num_workers,
+        pin_memory=settings.pin_memory,
+        timeout=user.timeout if timeout is None else timeout,
+        generator=generator,
+        prefetch_factor=settings.prefetch_factor,
+        persistent_workers=settings.persistent_workers,
+        **drawn,
+    )
 
 
 def user_epoch_draw(user: DataLoader, private: torch.Generator) -> Callable[[], None] | None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from pipeopt import _compat
-from pipeopt.measure.sandbox import Sandbox, time_probe
+from pipeopt.measure.sandbox import Sandbox, time_probe, training_loss
 from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.precision import PrecisionTrial, candidates
 
@@ -32,14 +32,6 @@ def unsupported(trainer: Any, module: Any) -> str | None:
     return None
 
 
-def _loss_of(output: Any) -> torch.Tensor:
-    if isinstance(output, dict):
-        output = output.get("loss")
-    if not isinstance(output, torch.Tensor):
-        raise TypeError("training_step returned no loss tensor")
-    return output
-
-
 def probe_step(module: Any, batch: Any, batch_idx: int, precision: str, device_type: str) -> Callable[[], torch.Tensor]:
     """One forward + backward of ``training_step`` on ``batch`` under ``precision`` (its autocast and scaler)."""
     plugin = _compat.precision_plugin(precision, device_type)
@@ -47,7 +39,7 @@ def probe_step(module: Any, batch: Any, batch_idx: int, precision: str, device_t
     def step() -> torch.Tensor:
         module.zero_grad(set_to_none=True)
         with plugin.forward_context():
-            loss = _loss_of(module.training_step(batch, batch_idx))
+            loss = training_loss(module, batch, batch_idx)
         scaled = plugin.scaler.scale(loss) if getattr(plugin, "scaler", None) is not None else loss
         scaled.backward()
         return loss

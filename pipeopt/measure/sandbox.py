@@ -3,7 +3,7 @@
 ``Sandbox`` snapshots what a probe may touch - the module's parameters, buffers and gradients, each optimizer's
 state, and the torch (CPU and CUDA), numpy and Python RNG states - and restores all of it in ``finally``, whatever
 the probe did or raised. ``time_probe`` runs a probe step a few times and returns its device-synchronised times and
-losses.
+losses; ``training_loss`` is the loss a probe step takes from ``training_step``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ class Sandbox:
             optimizer.load_state_dict(state)
         self.rewind_rng()
         module.train(self._training)
+
+
+def training_loss(module: Any, batch: Any, batch_idx: int) -> torch.Tensor:
+    """The loss of ``module.training_step`` on ``batch`` (a tensor, or a dict's ``"loss"``), for a probe."""
+    output = module.training_step(batch, batch_idx)
+    if isinstance(output, dict):
+        output = output.get("loss")
+    if not isinstance(output, torch.Tensor):
+        raise TypeError("training_step returned no loss tensor")
+    return output
 
 
 def _sync(device: torch.device) -> None:

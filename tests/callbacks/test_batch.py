@@ -5,37 +5,15 @@ import torch
 from torch.utils.data import DataLoader
 
 import pipeopt.apply.batch as batch_apply
-from tests.callbacks.test_precision import StateAtTrainEnd
-from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs
-
-
-class TightMemory(batch_apply.DeviceMemory):
-    """A device with 1000 bytes to spend, where a plan's step peaks at 100 bytes per sample of its micro-batch
-    (and runs out of memory outright above ``oom_above``)."""
-
-    def __init__(self, oom_above=None):
-        self.oom_above = oom_above
-
-    def budget(self, device, fraction):
-        return 1000
-
-    def peak(self, plan, run, device):
-        if self.oom_above is not None and plan.micro > self.oom_above:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        run()
-        return 100 * plan.micro
-
-
-class SamplesPerStep(pl.Callback):
-    def __init__(self):
-        self.per_step, self._count = [], 0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self._count += len(batch[0])
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.per_step.append(self._count)
-        self._count = 0
+from tests.helpers import (
+    Regressor,
+    SamplesPerStep,
+    SleepyDataset,
+    StateAtTrainEnd,
+    TightMemory,
+    quiet_pipeopt,
+    quiet_trainer_kwargs,
+)
 
 
 def _fit(callbacks, batchnorm=False):
@@ -73,11 +51,7 @@ def test_an_out_of_memory_probe_backs_off_and_training_goes_on(monkeypatch):
 
 
 def test_a_batch_norm_model_keeps_its_micro_batch_when_it_fits(monkeypatch):
-    class Roomy(TightMemory):
-        def budget(self, device, fraction):
-            return 10**9
-
-    monkeypatch.setattr(batch_apply, "MEMORY", Roomy())
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory(budget=10**9))
     callback = quiet_pipeopt(tune=("batch",))
     _, trainer = _fit([callback], batchnorm=True)
     assert trainer.accumulate_grad_batches == 1

@@ -7,7 +7,13 @@ from torch.utils.data import DataLoader
 
 import pipeopt.apply.precision as precision_apply
 from pipeopt.tuning.noise import Rate
-from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs
+from tests.helpers import (
+    Regressor,
+    SleepyDataset,
+    StateAtTrainEnd,
+    quiet_pipeopt,
+    quiet_trainer_kwargs,
+)
 
 
 def _timed(bf16_speedup):
@@ -19,16 +25,6 @@ def _timed(bf16_speedup):
         return Rate(100.0 * (bf16_speedup if precision == "bf16-mixed" else 1.0), 0.01), losses
 
     return timing
-
-
-class StateAtTrainEnd(pl.Callback):
-    """What a checkpoint written at the end of training would hold of PipeOpt's state."""
-
-    def __init__(self, pipeopt):
-        self.pipeopt, self.state = pipeopt, None
-
-    def on_train_end(self, trainer, pl_module):
-        self.state = self.pipeopt.state_dict()
 
 
 def _fit(callbacks, seed=7, **trainer_kwargs):

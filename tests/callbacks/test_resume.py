@@ -40,8 +40,8 @@ def test_resume_applies_the_tuned_settings_with_zero_trials(tmp_path):
 def test_resume_applies_the_tuned_precision_and_batch_plan_without_probes(tmp_path, monkeypatch):
     import pipeopt.apply.batch as batch_apply
     import pipeopt.apply.precision as precision_apply
-    from tests.callbacks.test_batch import SamplesPerStep, TightMemory
     from tests.callbacks.test_precision import _timed
+    from tests.helpers import SamplesPerStep, TightMemory
 
     monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # 32 samples do not fit; 8 x 4 does
     monkeypatch.setattr(precision_apply, "_time", _timed(1.6))  # bf16 measured faster

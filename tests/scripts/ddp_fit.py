@@ -21,28 +21,13 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 import pipeopt.apply.batch as batch_apply  # noqa: E402
 from pipeopt import PipeOpt  # noqa: E402
-from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs  # noqa: E402
-
-
-class TightMemory(batch_apply.DeviceMemory):
-    def budget(self, device, fraction):
-        return 1000
-
-    def peak(self, plan, run, device):
-        run()
-        return 200 * plan.micro
-
-
-class SamplesPerStep(pl.Callback):
-    def __init__(self):
-        self.per_step, self._count = [], 0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self._count += len(batch[0])
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.per_step.append(self._count)
-        self._count = 0
+from tests.helpers import (  # noqa: E402
+    Regressor,
+    SamplesPerStep,
+    SleepyDataset,
+    TightMemory,
+    quiet_trainer_kwargs,
+)
 
 
 def main() -> None:
@@ -52,7 +37,7 @@ def main() -> None:
     if mode in ("pipeopt", "batch"):
         tune = ("loader",) if mode == "pipeopt" else ("batch", "loader")
         if mode == "batch":
-            batch_apply.MEMORY = TightMemory()
+            batch_apply.MEMORY = TightMemory(per_sample=200)
         callbacks.append(PipeOpt(tune=tune, window=4, window_s=0, warmup=2, budget_s=3, report_dir=out / "reports",
                                  console=Console(file=io.StringIO())))
     counter = SamplesPerStep()
