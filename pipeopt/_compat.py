@@ -107,7 +107,7 @@ def take_index_stream(iterator: Any) -> Any:
     Returns the iterator over the epoch's remaining (batches of) indices. The DataLoader iterator keeps what it
     already dispatched to its workers, delivers it, and then stops.
     """
-    if hasattr(iterator, "take_index_stream"):  # pipeopt's own re-cutting iterator (see apply/batch.py)
+    if hasattr(iterator, "take_index_stream"):  # pipeopt's own iterators (apply/batch.py's Recut, DALI's)
         return iterator.take_index_stream()
     stream = iterator._sampler_iter
     iterator._sampler_iter = iter(())
@@ -200,7 +200,10 @@ def attach_worker_watch(iterator: Any) -> None:
 def ready_batches(iterator: Any) -> int | None:
     """Batches a DataLoader iterator's workers have finished that the training loop has not taken yet: results in
     its queues (a worker's result counts from the moment it is put) plus results that arrived out of order and wait
-    in ``_task_info``. 0 for a single-process iterator; None where torch's queues cannot be counted."""
+    in ``_task_info``. 0 for a single-process iterator; None where torch's queues cannot be counted. pipeopt's own
+    iterators (DALI's) count their own."""
+    if callable(getattr(iterator, "ready_batches", None)):
+        return iterator.ready_batches()
     if not hasattr(iterator, "_worker_result_queue"):
         return 0 if hasattr(iterator, "_sampler_iter") else None
     try:

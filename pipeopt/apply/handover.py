@@ -11,6 +11,10 @@ from pipeopt import _compat
 from pipeopt.apply.index_stream import IndexStream
 
 
+class LoaderFailure(RuntimeError):
+    """A loader pipeopt started failed in its own machinery (not in the user's code): the handover falls back."""
+
+
 @dataclass
 class _Source:
     iterator: Iterator[Any]
@@ -22,10 +26,10 @@ class Handover(Iterator[Any]):
     """Replaces the running epoch's loader iterator.
 
     Sources are read in order; each one's index supply is cut before the next is added, so a source delivers
-    exactly what it was given and stops. When one of pipeopt's sources fails in the DataLoader machinery (a
-    worker died, hung past the timeout, ran out of shared memory), its undelivered batches go back into the
-    stream and ``fallback(error)`` supplies a loader iterator that continues with them: no batch is lost or
-    repeated. Anything else - an exception from the user's dataset included - propagates unchanged.
+    exactly what it was given and stops. When one of pipeopt's sources fails in the loader machinery (a worker
+    died, hung past the timeout, ran out of shared memory; a ``LoaderFailure``, such as a DALI pipeline's), its
+    undelivered batches go back into the stream and ``fallback(error)`` supplies a loader iterator that continues
+    with them: no batch is lost or repeated. Anything else - an exception from the user's dataset included - propagates unchanged.
     """
 
     def __init__(self, stream: IndexStream, first: Iterator[Any], first_loader: Any,
@@ -70,7 +74,7 @@ class Handover(Iterator[Any]):
                 self._release(source)
                 continue
             except RuntimeError as err:
-                if not (source.tracked and _compat.is_worker_failure(err)):
+                if not (source.tracked and (isinstance(err, LoaderFailure) or _compat.is_worker_failure(err))):
                     raise
                 self._recover(err)
                 continue

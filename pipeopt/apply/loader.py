@@ -127,6 +127,31 @@ def start_loader(
     return iterator, loader
 
 
+def dali_blocker(user: DataLoader) -> str | None:
+    """Why DALI cannot replace this loader (None when it can)."""
+    from pipeopt.dali import Untranslatable, missing, translate
+
+    if user.batch_sampler is None:
+        return "the loader has batch_size=None (no automatic batching); DALI returns batches"
+    try:
+        translate(user.dataset, user.collate_fn)
+    except Untranslatable as err:
+        return f"DALI cannot rebuild this loader: {err}"
+    return missing()
+
+
+def start_dali(user: DataLoader, device: str, *, first: Iterator[Any], generator: torch.Generator,
+               num_threads: int) -> tuple[Iterator[Any], Any]:
+    """A DALI loader giving ``user``'s batches (its dataset, batch sampler and RNG draws) that continues ``first``,
+    and its iterator."""
+    from pipeopt.dali import DaliLoader, translate
+
+    sampler = ResumingSampler(user.batch_sampler, first, user_epoch_draw(user, generator))
+    loader = DaliLoader(translate(user.dataset, user.collate_fn), sampler, device=device, num_threads=num_threads,
+                        seed=draw_seed(generator))
+    return iter(loader), loader
+
+
 def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
     """The running epoch (a token: the list of its loader iterators, new each epoch) and the finished batches
     waiting in its train loader; None outside an epoch, with several train loaders, or where torch's queues cannot
@@ -142,7 +167,7 @@ def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
 class LoaderSwitcher:
     """Switches the running fit's train loader between settings, and back to the user's."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Any, *, dali_threads: int = 1) -> None:
         combined = _compat.train_combined_loader(trainer)
         if combined is None or len(combined.flattened) != 1:
             raise ValueError("loader switching needs exactly one train loader")
@@ -155,9 +180,13 @@ class LoaderSwitcher:
         self.handover: Handover | None = None
         self.current = self.user_settings
         self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
+        self._dali_threads = dali_threads
 
     # -- switching -----------------------------------------------------------------------------------------
-    def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], DataLoader]:
+    def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], Any]:
+        if settings.dali:
+            return start_dali(self.user, settings.dali, first=stream, generator=self._generator,
+                              num_threads=self._dali_threads)
         return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout)
 
     def _live_handover(self) -> Handover:
@@ -173,10 +202,10 @@ class LoaderSwitcher:
         live[0] = self.handover
         return self.handover
 
-    def _installed(self) -> DataLoader:
+    def _installed(self) -> Any:
         return self._combined.flattened[0]
 
-    def _on_failure(self, err: BaseException) -> tuple[Iterator[Any], DataLoader]:
+    def _on_failure(self, err: BaseException) -> tuple[Iterator[Any], Any]:
         """A trial's workers failed mid-epoch: continue the same stream with the last good settings."""
         if self.handover is None:
             raise RuntimeError("pipeopt: a loader failure was reported outside a handover") from err

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from pipeopt import _compat
 from pipeopt._compat import Callback, rank_zero_warn
-from pipeopt.apply.loader import LoaderSwitcher, live_ready_batches, unsupported
+from pipeopt.apply.loader import LoaderSwitcher, dali_blocker, live_ready_batches, unsupported
 from pipeopt.cache import TunedCache, default_path, fingerprint
 from pipeopt.callbacks.fingerprint import fit_parts
 from pipeopt.callbacks.start_tuning import BatchTuning, PrecisionTuning
@@ -39,9 +39,6 @@ from pipeopt.verdict import judge
 #: Version of the state PipeOpt saves in checkpoints.
 STATE_VERSION = 1
 
-#: Knob groups whose tuner exists in this release. The others are skipped with one warning.
-IMPLEMENTED_GROUPS: frozenset[str] = frozenset({"loader", "precision", "batch"})
-
 
 class PipeOpt(Callback):
     """Measure where a training step's time goes, and report it.
@@ -55,7 +52,8 @@ class PipeOpt(Callback):
 
     Args:
         tune: knob groups pipeopt may turn, drawn from ``{"loader", "dali", "precision", "batch"}``;
-            ``()`` observes only. Groups not implemented in this release are skipped with a warning.
+            ``()`` observes only. ``"dali"`` makes NVIDIA DALI one more candidate of the loader search, where it is
+            installed and can rebuild the train dataset (``pipeopt.dali``); otherwise it is skipped with the reason.
         budget_s: wall-clock budget for all tuning trials, seconds (> 0).
         memory_fraction: share of device memory a tuned configuration may plan to use, in (0, 1].
         window: optimizer steps per measurement window (>= 2).
@@ -132,16 +130,6 @@ class PipeOpt(Callback):
         self.windows = []
         self.report = self.report_path = self.html_path = self.cache_path = None
         self._trainer = trainer
-        missing = sorted(self.config.tune - IMPLEMENTED_GROUPS, key=TUNE_GROUPS.index)
-        if missing:
-            reason = "not implemented in this pipeopt release; observed only"
-            self._skipped = [Skipped(group, reason) for group in missing]
-            rank_zero_warn(
-                f"PipeOpt: tuning of {', '.join(missing)} is not available in this release; those knobs are left "
-                f"as they are. Pass `tune={tuple(sorted(self.config.tune & IMPLEMENTED_GROUPS))}` to tune only "
-                "what is available without this warning."
-            )
-
         device = trainer.strategy.root_device
         nvml, gpu_status = open_nvml()
         if nvml is not None and device.type != "cuda":
@@ -203,28 +191,39 @@ class PipeOpt(Callback):
             reason = self._batch.start(trainer, pl_module, self._restored)
             if reason is not None:
                 self._skip("batch", reason)
-        if "loader" in self.config.tune and self._meter is not None:
+        if self.config.tune & {"loader", "dali"} and self._meter is not None:
             self._start_loader_session(trainer)
 
     def _start_loader_session(self, trainer: Any) -> None:
+        groups = [g for g in ("loader", "dali") if g in self.config.tune]
         loaders = _compat.train_combined_loader(trainer)
         flattened = list(loaders.flattened) if loaders is not None else []
-        if len(flattened) != 1:
-            self._skip("loader", f"the fit has {len(flattened)} train loaders; pipeopt tunes a single one")
-            return
-        reason = unsupported(flattened[0])
+        reason = (f"the fit has {len(flattened)} train loaders; pipeopt tunes a single one" if len(flattened) != 1
+                  else unsupported(flattened[0]))
         if reason is not None:
-            self._skip("loader", reason)
+            for group in groups:
+                self._skip(group, reason)
             return
-        self._switcher = LoaderSwitcher(trainer)
+        cuda = trainer.strategy.root_device.type == "cuda"
+        dali = None
+        if "dali" in groups:
+            reason = dali_blocker(flattened[0])
+            if reason is None:
+                dali = "mixed" if cuda else "cpu"
+            else:
+                self._skip("dali", reason)
+        cpus = max(1, environment.cpus_available() // max(1, trainer.num_devices))
+        self._switcher = LoaderSwitcher(trainer, dali_threads=cpus)
         meter = self._meter
         self._session = LoaderSession(
             self._switcher,
             budget=Budget(
-                cpus=max(1, environment.cpus_available() // max(1, trainer.num_devices)),
+                cpus=cpus,
                 memory_bytes=int(0.5 * psutil.virtual_memory().available),
-                cuda=trainer.strategy.root_device.type == "cuda",
+                cuda=cuda,
                 more_epochs=_more_epochs_ahead(trainer),
+                may_change_workers="loader" in groups,
+                dali=dali,
             ),
             budget_s=self.config.budget_s,
             reset_meter=meter.reset,  # type: ignore[union-attr]
@@ -238,9 +237,11 @@ class PipeOpt(Callback):
         )
         restored = self._restored
         if restored is not None and "loader" in restored:
-            loader = restored["loader"]
-            self._session.restore(LoaderSettings(**loader) if loader else None)
-            return
+            loader = LoaderSettings(**restored["loader"]) if restored["loader"] else None
+            if loader is None or not loader.dali or dali is not None:
+                self._session.restore(loader)
+                return
+            self._session.notes.append("the checkpoint's tuning kept DALI, which cannot be used here; tuned afresh")
         meter.label = "before"  # type: ignore[union-attr]
         if self.config.cache is not False:
             path = default_path() if self.config.cache is True else Path(self.config.cache)  # type: ignore[arg-type]
@@ -251,7 +252,8 @@ class PipeOpt(Callback):
             entry = trainer.strategy.broadcast(self._cache.get(self._cache_key) if trainer.is_global_zero else None)
             if entry is not None and "loader" in entry and "samples_per_s" in entry:
                 cached = LoaderSettings(**entry["loader"]) if entry["loader"] else None
-                self._session.verify_cached(cached, float(entry["samples_per_s"]))
+                if cached is None or not cached.dali or dali is not None:  # DALI only where it may be tried now
+                    self._session.verify_cached(cached, float(entry["samples_per_s"]))
 
     def _agree(self, values: list[float]) -> list[float]:
         """Element-wise maximum over all ranks (identity on one process)."""

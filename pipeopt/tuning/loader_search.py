@@ -9,9 +9,12 @@ The search (a plan, fed one measured trial at a time):
    their measured private memory must fit the memory available.
 3. Refine: the midpoints between the best count and its tried neighbours.
 4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise.
-5. Extras on the choice, each kept only if faster beyond noise: ``prefetch_factor=4`` when some wait remains;
-   ``pin_memory=True`` on CUDA when transfers take time. ``persistent_workers`` is set where workers would
-   otherwise restart at every remaining epoch boundary.
+5. DALI (when it may be tried: the ``"dali"`` group, DALI installed, a dataset it can rebuild): one more
+   candidate, measured like the others (once more when too close to call). It is chosen only when it beats every
+   DataLoader setting beyond noise: at a tie the DataLoader, the user's own machinery, wins.
+6. Extras on a DataLoader choice, each kept only if faster beyond noise: ``prefetch_factor=4`` when some wait
+   remains; ``pin_memory=True`` on CUDA when transfers take time. ``persistent_workers`` is set where workers
+   would otherwise restart at every remaining epoch boundary.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ COMPUTE_BOUND_WAIT = 0.10
 INPUT_SOLVED_WAIT = 0.05
 #: Never more workers than this, whatever the budget says.
 MAX_WORKERS = 64
+#: Batches a DALI loader feeds its pipeline ahead of the step.
+DALI_PREFETCH = 2
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class LoaderSettings:
     prefetch_factor: int | None
     persistent_workers: bool
     pin_memory: bool
+    dali: str | None = None  # DALI decodes instead of a DataLoader: on "cpu" or "mixed" (GPU); the rest unused
 
     @classmethod
     def of(cls, loader: Any) -> LoaderSettings:
@@ -60,7 +66,18 @@ class LoaderSettings:
     def as_kwargs(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def dali_on(cls, device: str) -> LoaderSettings:
+        return cls(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False, dali=device)
+
+    @property
+    def in_flight(self) -> int:
+        """Batches a loader with these settings may hold when replaced (delivered before the new one's)."""
+        return (DALI_PREFETCH if self.dali else self.num_workers * (self.prefetch_factor or 0)) + 1
+
     def describe(self) -> str:
+        if self.dali:
+            return f"DALI ({self.dali} decoding)"
         parts = [f"num_workers={self.num_workers}"]
         if self.num_workers > 0:
             parts += [f"prefetch_factor={self.prefetch_factor}", f"persistent_workers={self.persistent_workers}"]
@@ -96,6 +113,7 @@ class Budget:
     cuda: bool = False
     more_epochs: bool = False  # the fit will cross at least one more epoch boundary
     may_change_workers: bool = True
+    dali: str | None = None  # the DALI device to try ("cpu" or "mixed"); None: no DALI candidate
 
 
 class LoaderSearch:
@@ -144,7 +162,8 @@ class LoaderSearch:
 
         def cost(t: Trial) -> tuple:
             s = t.settings
-            return (s.num_workers, s.prefetch_factor or 0, s.pin_memory, -t.rate.value)  # type: ignore[union-attr]
+            return (s.dali is not None, s.num_workers, s.prefetch_factor or 0, s.pin_memory,
+                    -t.rate.value)  # type: ignore[union-attr]
 
         return min(unbeaten or ok, key=cost)
 
@@ -162,7 +181,8 @@ class LoaderSearch:
             yield from self._grow()
             yield from self._refine()
         else:
-            self.stop_reason = "num_workers left as is (see the report's notes)"
+            self.stop_reason = "num_workers left as is (\"loader\" is not among the groups to tune)"
+        yield from self._dali()
         yield from self._extras()
 
     def _persistent(self) -> bool:
@@ -259,9 +279,21 @@ class LoaderSearch:
             if self._tried(settings) is None:
                 yield settings
 
+    def _dali(self) -> Iterator[LoaderSettings]:
+        """DALI, once - and once more when it is too close to the best to call."""
+        if self.budget.dali is None:
+            return
+        candidate = LoaderSettings.dali_on(self.budget.dali)
+        yield candidate
+        trial, best = self.trials[-1], self.choice()
+        if trial.ok and best is not trial and within_noise(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
+            yield candidate
+
     def _extras(self) -> Iterator[LoaderSettings]:
         chosen = self.choice()
         s = chosen.settings
+        if s.dali:
+            return
         if s.num_workers > 0 and (chosen.data_wait_frac or 0.0) >= INPUT_SOLVED_WAIT and (s.prefetch_factor or 2) < 4:
             candidate = dataclasses.replace(s, prefetch_factor=4)
             yield candidate

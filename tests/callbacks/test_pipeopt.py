@@ -110,13 +110,15 @@ def test_validation_time_is_not_counted_as_training_time():
     assert max(w.step_time_s for w in callback.windows) < 0.05
 
 
-def test_unimplemented_groups_are_skipped_with_one_warning():
-    with pytest.warns(UserWarning, match="tuning of dali is not available") as record:
+def test_dali_is_skipped_with_its_reason_for_a_dataset_it_cannot_rebuild():
+    with pytest.warns(UserWarning, match="not tuning the dali") as record:
         callback = PipeOpt(window=3, warmup=1, report_dir=None, console=Console(file=io.StringIO()))
         trainer = pl.Trainer(max_steps=6, callbacks=[callback], **quiet_trainer_kwargs())
         trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
     assert len([w for w in record if "PipeOpt" in str(w.message)]) == 1
-    assert [s.group for s in callback.report.skipped] == ["dali"]
+    (skipped,) = callback.report.skipped
+    assert skipped.group == "dali"
+    assert "the dataset is a SleepyDataset, not a torchvision ImageFolder" in skipped.reason
 
 
 def test_observe_only_does_not_warn():

@@ -163,3 +163,48 @@ def test_a_first_count_that_fails_is_halved_and_never_exceeded():
     assert counts[:2] == [4, 2] and max(counts) == 4 and counts.count(4) == 1
     assert "4 workers failed" in search.stop_reason
     assert search.choice().settings.num_workers == 2
+
+
+# -- DALI as one more candidate --------------------------------------------------------------------------------
+DALI = LoaderSettings.dali_on("cpu")
+
+
+def with_dali(rate, *, fail=False, wait=0.0):
+    """``storage_world``, where DALI delivers ``rate`` samples/s (or fails)."""
+    def world(settings):
+        if settings.dali:
+            return Trial(settings, None, error="the DALI pipeline failed") if fail else trial(settings, rate, wait)
+        return storage_world(settings)
+    return world
+
+
+def test_dali_is_tried_after_the_worker_search_and_chosen_when_faster_beyond_noise():
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
+    proposed = run(search, with_dali(1500.0))
+    assert proposed.count(DALI) == 1
+    assert [p for p in proposed if p.dali] == proposed[-1:]  # last: no DataLoader extras after DALI won
+    assert search.choice().settings == DALI
+
+
+def test_dali_at_a_tie_is_measured_again_and_the_dataloader_is_kept():
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
+    proposed = run(search, with_dali(1005.0))  # the best worker count reaches 1000/s
+    assert proposed.count(DALI) == 2
+    chosen = search.choice().settings
+    assert not chosen.dali and chosen.num_workers == 12
+
+
+def test_a_slower_or_failed_dali_trial_is_never_chosen():
+    for world in (with_dali(300.0), with_dali(5000.0, fail=True)):
+        search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
+        proposed = run(search, world)
+        assert proposed.count(DALI) == 1
+        assert not search.choice().settings.dali
+
+
+def test_dali_alone_when_workers_may_not_change_and_never_for_a_compute_bound_run():
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="mixed", may_change_workers=False))
+    proposed = run(search, with_dali(900.0))
+    assert proposed[0] == LoaderSettings.dali_on("mixed") and search.choice().settings.dali == "mixed"
+    assert LoaderSearch(trial(USER, 1000.0, 0.02), Budget(cpus=2, dali="cpu")).propose() is None
+    assert all(not p.dali for p in run(LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2)), with_dali(9e9)))

@@ -1,0 +1,102 @@
+"""DALI as a candidate of the loader search, on real Lightning fits over a torchvision ImageFolder (DALI's CPU
+backend): the trial happens on the live run, the model sees every image once per epoch in the user's order, and a
+DALI failure is discarded like any failed trial."""
+
+import sys
+
+import psutil
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from tests.dali.images import indices_of, solid_folder, torchvision
+from tests.helpers import quiet_pipeopt, quiet_trainer_kwargs
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (`pip install 'pipeopt[dali]'`; `make test` "
+                    "runs these tests in .venv-vision)")
+
+T = torchvision.transforms
+
+
+class Classifier(pl.LightningModule):
+    """Records the dataset index of every image it trains on (``solid_folder`` colours name them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 3))
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        assert labels.dtype == torch.int64
+        self.seen.extend(indices_of(images))
+        return nn.functional.cross_entropy(self.net(images), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    # 96 images large enough that decoding them in the main process keeps the step waiting (input-bound)
+    return solid_folder(tmp_path_factory.mktemp("solid"), per_class=32, scale=8)
+
+
+def fit(callbacks, root, *, epochs=3):
+    pl.seed_everything(5, verbose=False)
+    model = Classifier()
+    dataset = torchvision.datasets.ImageFolder(root, transform=T.Compose([T.Resize((16, 16)), T.ToTensor()]))
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
+    trainer.fit(model, DataLoader(dataset, batch_size=4, shuffle=True))
+    return model, trainer
+
+
+def dali_trials(callback):
+    return [t for t in callback.report.trials if t.settings.get("dali")]
+
+
+def test_dali_is_tried_on_the_live_run_and_the_model_sees_what_it_would_have(images):
+    plain, _ = fit([], images)
+    callback = quiet_pipeopt(tune=("dali",), window=4)
+    tuned, _ = fit([callback], images)
+    (trial, *again) = dali_trials(callback)
+    assert trial.status == "ok" and trial.samples_per_s > 0 and trial.settings["dali"] == "cpu"
+    assert tuned.seen == plain.seen  # every image once per epoch, in the user's shuffled order
+    # single-colour images: DALI's pixels are torchvision's up to float rounding (it multiplies by 1/255 where
+    # ToTensor divides by 255: ~1e-8 a pixel), so the weights are the same but for that rounding, carried over 72 steps
+    for name, value in plain.state_dict().items():
+        assert torch.allclose(value, tuned.state_dict()[name], rtol=0, atol=1e-4), name
+    changes = {c.knob: c.after for c in callback.report.changes}
+    if changes:  # DALI beat the DataLoader beyond noise and was kept, with the code to keep it
+        assert changes == {"dali": "cpu"}
+        assert callback.report.suggestions == ["pipeopt.dali.loader_from(train_loader, device='cpu')"]
+    else:
+        assert any("kept your loader settings" in n or "reverted" in n for n in callback.report.notes)
+    assert psutil.Process().children() == []
+
+
+def test_a_failing_dali_pipeline_is_discarded_and_training_goes_on(images, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no DALI today")
+
+    monkeypatch.setattr("pipeopt.dali.pipeline.build", broken)
+    plain, _ = fit([], images, epochs=2)
+    callback = quiet_pipeopt(tune=("dali",), window=4)
+    tuned, _ = fit([callback], images, epochs=2)
+    (trial,) = dali_trials(callback)
+    assert trial.status == "failed" and "no DALI today" in trial.error
+    assert tuned.seen == plain.seen  # the batches fed to the failed pipeline were loaded again, in order
+    assert callback.report.changes == []
+
+
+def test_without_dali_the_group_is_skipped_with_how_to_install_it(images, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # `import nvidia.dali` now fails as if not installed
+    callback = quiet_pipeopt(tune=("loader", "dali"), window=4)
+    with pytest.warns(UserWarning, match="not tuning the dali"):
+        fit([callback], images, epochs=1)
+    (skipped,) = callback.report.skipped
+    assert skipped.group == "dali"
+    assert "NVIDIA DALI is not installed" in skipped.reason and "pip install 'pipeopt[dali]'" in skipped.reason
+    assert not dali_trials(callback)
