@@ -4,8 +4,10 @@
 
 Writes ``gpu-foundation.json`` (CUDA timing correctness, NVML sampling, observation overhead) and
 ``gpu-precision-batch.json`` (the precision pipeopt chooses for a transformer and its measured speedup over fp32; a
-batch over the memory budget trained as accumulated micro-batches, with its peak memory) into ``--out``. On a machine without CUDA it says so and
-exits 0 without writing anything, so it is safe to run anywhere.
+batch over the memory budget trained as accumulated micro-batches, with its peak memory) and ``gpu-dali.json`` (DALI
+``mixed`` decoding against the best DataLoader setting on the CPU-decode ImageFolder; needs torchvision and DALI,
+else it records why it was skipped) into ``--out``. On a machine without CUDA it says so and exits 0 without
+writing anything, so it is safe to run anywhere.
 """
 
 from __future__ import annotations
@@ -222,6 +224,36 @@ def check_precision_and_batch() -> dict[str, Any]:
     }
 
 
+def check_dali(repeats: int = 2, steps: int = 40) -> dict[str, Any]:
+    """DALI ``mixed`` decoding (nvJPEG) against DataLoader workers on the CPU-decode ImageFolder, images/s."""
+    try:
+        from benchmarks.dali_decode import SCENARIO, dataset
+        from pipeopt.dali import loader_from, missing
+
+        reason = missing()
+        data = dataset()
+    except ImportError as err:  # torchvision or Pillow missing
+        return {"skipped": f"{type(err).__name__}: {err}"}
+    if reason is not None:
+        return {"skipped": reason}
+    arms: list[dict[str, Any]] = [{"num_workers": n, **({"persistent_workers": True} if n else {})}
+                                  for n in (0, 4, 8, 16)] + [{"dali": "mixed"}]
+    runs: dict[str, list[float]] = {json.dumps(a): [] for a in arms}
+    for r in range(repeats):
+        for arm in arms[r:] + arms[:r]:
+            loader = SCENARIO.loader(data, **{k: v for k, v in arm.items() if k != "dali"})
+            if "dali" in arm:
+                loader = loader_from(loader, device="mixed")
+            wall = fit(SCENARIO.make_model(), loader, steps, [])
+            runs[json.dumps(arm)].append(steps * SCENARIO.batch_size / wall)
+    rows = [{"settings": a, "images_per_s": statistics.median(runs[json.dumps(a)]), "runs": runs[json.dumps(a)]}
+            for a in arms]
+    best = max(rows[:-1], key=lambda row: row["images_per_s"])
+    return {"scenario": SCENARIO.description, "steps_per_run": steps, "note": "images/s over whole fits (start-up "
+            "included), medians of interleaved runs", "grid": rows, "best_dataloader": best["settings"],
+            "dali_mixed_over_best_dataloader": rows[-1]["images_per_s"] / best["images_per_s"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -251,6 +283,13 @@ def main() -> int:
     path = args.out / "gpu-precision-batch.json"
     path.write_text(json.dumps(mixed, indent=2, default=str) + "\n")
     print(json.dumps(mixed, indent=2, default=str))
+    print(f"wrote {path}")
+    started = time.perf_counter()
+    dali = check_dali()
+    dali["elapsed_s"] = time.perf_counter() - started
+    path = args.out / "gpu-dali.json"
+    path.write_text(json.dumps(dali, indent=2, default=str) + "\n")
+    print(json.dumps(dali, indent=2, default=str))
     print(f"wrote {path}")
     return 0
 

@@ -43,9 +43,10 @@ def run_fit(
     callbacks: Sequence[pl.Callback] = (),
     steps: int | None = None,
     steady_from: float | None = None,
+    loader: Any = None,
 ) -> dict[str, float]:
-    """Fit ``scenario`` with loader ``settings``; steady throughput is measured from step ``warmup`` (or from
-    the fraction ``steady_from`` of the run, to measure only after a tuner has finished)."""
+    """Fit ``scenario`` with loader ``settings`` (or a ready ``loader``); steady throughput is measured from step
+    ``warmup`` (or from the fraction ``steady_from`` of the run, to measure only after a tuner has finished)."""
     pl.seed_everything(0, verbose=False)
     watch = Stopwatch()
     trainer = pl.Trainer(
@@ -59,7 +60,7 @@ def run_fit(
         enable_model_summary=False,
     )
     start = time.perf_counter()
-    trainer.fit(scenario.make_model(), scenario.loader(dataset, **settings))
+    trainer.fit(scenario.make_model(), loader if loader is not None else scenario.loader(dataset, **settings))
     wall = time.perf_counter() - start
     total = steps or scenario.steps
     rate = watch.steady_rate(int(steady_from * total) if steady_from is not None else scenario.warmup)

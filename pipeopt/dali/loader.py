@@ -73,7 +73,10 @@ class DaliLoader:
         self._labels = torch.tensor([label for _, label in recipe.samples], dtype=torch.int64)
         self._pipe: Any = None
         self._pipe_batch = 0
-        self._live: DaliIterator | None = None
+        # Runs scheduled on the pipeline and not yet taken, with their labels, oldest first - kept here, not in the
+        # iterator, so that a new epoch drops what an abandoned one fed (the pipeline returns runs in order).
+        self._fed: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()
+        self._epoch = 0
 
     @property
     def sampler(self) -> Any:
@@ -88,12 +91,11 @@ class DaliLoader:
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def __iter__(self) -> DaliIterator:
-        if self._live is not None:  # the previous epoch stopped early: drop what was fed ahead of it
-            self._live._shutdown_workers()
+        self._drain()  # the previous epoch stopped early: drop what was fed ahead of it
+        self._epoch += 1
         if self._before_epoch is not None:
             self._before_epoch()
-        self._live = DaliIterator(self, iter(self.batch_sampler))
-        return self._live
+        return DaliIterator(self, iter(self.batch_sampler), self._epoch)
 
     def describe(self) -> str:
         return f"DALI ({self.device} decoding, {self.num_threads} thread{'s' if self.num_threads != 1 else ''})"
@@ -111,44 +113,62 @@ class DaliLoader:
 
     def _broken(self) -> None:
         self._pipe = None
+        self._fed.clear()
+
+    def _drain(self) -> None:
+        """Wait out the runs already scheduled and drop them (the pipeline stays usable)."""
+        while self._fed:
+            pipe, _ = self._fed.popleft()
+            try:
+                pipe.outputs()
+            except Exception:  # a broken pipeline is rebuilt by the next epoch
+                self._broken()
 
     def _encoded(self, indices: list[int]) -> list[np.ndarray]:
         return [np.fromfile(self.recipe.samples[i][0], dtype=np.uint8) for i in indices]
 
 
 class DaliIterator(Iterator[Any]):
-    """One epoch of a ``DaliLoader``: feeds the pipeline ``prefetch`` batches ahead and returns them in order."""
+    """One epoch of a ``DaliLoader``: feeds the pipeline ``prefetch`` batches ahead and returns them in order. It
+    stops when its loader starts another epoch."""
 
-    def __init__(self, loader: DaliLoader, indices: Iterator[Any]) -> None:
+    def __init__(self, loader: DaliLoader, indices: Iterator[Any], epoch: int) -> None:
         self._loader = loader
         self._indices = indices
-        self._fed: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()  # (pipeline, labels)
+        self._epoch = epoch
 
     def __iter__(self) -> DaliIterator:
         return self
 
+    @property
+    def _current(self) -> bool:
+        return self._epoch == self._loader._epoch
+
     def __next__(self) -> list[torch.Tensor]:
-        self._feed()
-        if not self._fed:
+        loader = self._loader
+        if not self._current:
             raise StopIteration
-        pipe, labels = self._fed.popleft()
+        self._feed()
+        if not loader._fed:
+            raise StopIteration
+        pipe, labels = loader._fed.popleft()
         try:
             (images,) = pipe.outputs()
-            batch = _to_torch(images, self._loader.device_id)
+            batch = _to_torch(images, loader.device_id)
         except Exception as err:
             self._fail(err)
         return [batch, labels]
 
     def _feed(self) -> None:
         loader = self._loader
-        while len(self._fed) < loader.prefetch:
+        while len(loader._fed) < loader.prefetch:
             try:
                 indices = [int(i) for i in next(self._indices)]
             except StopIteration:
                 self._indices = iter(())
                 return
             try:
-                if self._fed and len(indices) > loader._pipe_batch:  # a rebuild would drop what is in flight
+                if loader._fed and len(indices) > loader._pipe_batch:  # a rebuild would drop what is in flight
                     self._indices = _chain([indices], self._indices)
                     return
                 pipe = loader._pipeline(len(indices))
@@ -156,11 +176,10 @@ class DaliIterator(Iterator[Any]):
                 pipe.schedule_run()
             except Exception as err:
                 self._fail(err)
-            self._fed.append((pipe, loader._labels[indices]))
+            loader._fed.append((pipe, loader._labels[indices]))
 
     def _fail(self, err: Exception) -> NoReturn:
         self._loader._broken()
-        self._fed.clear()
         raise LoaderFailure(f"the DALI pipeline failed: {type(err).__name__}: {err}") from err
 
     # -- what pipeopt's loader handover asks of an iterator ---------------------------------------------------
@@ -171,18 +190,13 @@ class DaliIterator(Iterator[Any]):
 
     def ready_batches(self) -> int:
         """Batches fed to DALI and not yet taken (at most ``prefetch``: the stock does not grow)."""
-        return len(self._fed)
+        return len(self._loader._fed) if self._current else 0
 
     def _shutdown_workers(self) -> None:
-        """End the epoch now: wait out the runs already scheduled and drop them (the pipeline stays usable)."""
+        """End the epoch now: drop the batches fed ahead (the pipeline stays usable)."""
         self._indices = iter(())
-        while self._fed:
-            pipe, _ = self._fed.popleft()
-            try:
-                pipe.outputs()
-            except Exception:  # a broken pipeline is rebuilt by the next epoch
-                self._loader._broken()
-                self._fed.clear()
+        if self._current:
+            self._loader._drain()
 
 
 def _chain(first: list[Any], rest: Iterator[Any]) -> Iterator[Any]:

@@ -7,6 +7,8 @@ or on the GPU (``"mixed"``: nvJPEG / the hardware decoder), and every later step
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any
 
 from pipeopt.dali.recipe import CenterCrop, RandomResizedCrop, Recipe, ResizeShorter, ResizeTo
@@ -14,6 +16,23 @@ from pipeopt.dali.recipe import CenterCrop, RandomResizedCrop, Recipe, ResizeSho
 #: The external source the encoded files are fed to.
 ENCODED = "encoded"
 DEVICES = ("cpu", "mixed")
+
+
+#: Every pipeline built here that is still alive (in this process).
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+#: In a forked child: the pipelines inherited from the parent, kept alive for good.
+_INHERITED: list[Any] = []
+
+
+def _keep_inherited() -> None:
+    """A DataLoader worker forked while a DALI pipeline exists inherits the Python object but none of its threads;
+    destroying it there (when the worker's garbage collector frees it) waits forever on those threads' locks, and
+    the worker hangs. The child therefore keeps every inherited pipeline alive until it exits."""
+    _INHERITED.extend(_LIVE)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_keep_inherited)
 
 
 def missing() -> str | None:
@@ -72,4 +91,5 @@ def build(recipe: Recipe, *, batch_size: int, device: str, device_id: int | None
     pipe = graph(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                  prefetch_queue_depth=1)
     pipe.build()
+    _LIVE.add(pipe)
     return pipe

@@ -1,5 +1,6 @@
 """DALI batches against torchvision's, on DALI's CPU backend: values, structure, and every image once per epoch."""
 
+import gc
 import itertools
 
 import pytest
@@ -112,10 +113,41 @@ def test_an_epoch_stopped_early_does_not_spoil_the_next(solid):
     """The pitfall of a DALI reader under Lightning: the sanity check or limit_train_batches stops an epoch."""
     dataset = torchvision.datasets.ImageFolder(solid, transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]))
     dali = loader_from(dataset, batch_size=4, shuffle=False)
-    partial = list(itertools.islice(iter(dali), 2))
+    first = iter(dali)
+    partial = list(itertools.islice(first, 2))
     assert [indices_of(images) for images, _ in partial] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert epoch_indices(dali) == list(range(N))
+    assert next(first, None) is None  # the abandoned epoch's iterator stopped when the next one began
+    images, _ = next(iter(dali))  # an iterator dropped at once, its prefetched batches never taken
+    assert indices_of(images) == [0, 1, 2, 3]
     assert epoch_indices(dali) == list(range(N))
+
+
+class Collecting(torch.utils.data.Dataset):
+    """Runs the garbage collector in the worker, as any allocation-heavy dataset eventually does."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        gc.collect()
+        return torch.zeros(1)
+
+
+def test_workers_forked_after_a_dali_pipeline_do_not_hang(solid):
+    """A worker inherits the pipeline object without its threads; freeing it there used to wait forever (seen when
+    a DALI trial was reverted to DataLoader workers)."""
+    dataset = torchvision.datasets.ImageFolder(solid, transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    gc.disable()  # keep the used pipeline as collectable garbage until the worker's collector finds it
+    try:
+        cycle = {"dali": loader_from(dataset, batch_size=4)}
+        cycle["self"] = cycle  # garbage only the collector frees, as a user's or Lightning's object graph can be
+        next(iter(cycle["dali"]))
+        del cycle
+        batches = list(DataLoader(Collecting(), batch_size=2, num_workers=1, timeout=20))
+    finally:
+        gc.enable()
+    assert len(batches) == 2
 
 
 def test_shards_are_disjoint_and_cover_the_epoch(solid):
