@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -143,3 +148,14 @@ class StateAtTrainEnd(pl.Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.state = self.pipeopt.state_dict()
+
+
+def run_ddp(script: Path, out: Path, mode: str, *args: str) -> list[dict]:
+    """Run a 2-rank DDP fit script as its own process (Lightning's ``ddp`` relaunches the command line for rank 1,
+    which under pytest would relaunch the test session); each rank writes ``OUT/<mode>-rank<r>.json``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE",
+                                                                    "MASTER_", "PL_"))}
+    proc = subprocess.run([sys.executable, str(script), str(out), mode, *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in (0, 1)]

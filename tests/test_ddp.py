@@ -1,21 +1,14 @@
 """Loader and batch tuning under DDP: 2 CPU ranks (gloo), each fit run as a separate process (see scripts/ddp_fit.py)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers import run_ddp
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_fit.py"
 
 
 def run(out: Path, mode: str) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE",
-                                                                    "MASTER_", "PL_"))}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), mode], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in (0, 1)]
+    return run_ddp(SCRIPT, out, mode)
 
 
 def test_both_ranks_apply_the_same_settings_and_see_what_they_would_have(tmp_path):

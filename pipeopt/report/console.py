@@ -135,7 +135,9 @@ def print_report(report: Report, console: Console | None = None) -> None:
 
 
 def settings_text(settings: dict[str, object]) -> str:
-    """Loader settings in a few words: "4 workers, prefetch 2, persistent, pinned"."""
+    """Loader settings in a few words: "4 workers, prefetch 2, persistent, pinned" or "DALI (cpu decoding)"."""
+    if settings.get("dali"):
+        return f"DALI ({settings['dali']} decoding)"
     workers = settings.get("num_workers")
     parts = [f"{workers} worker{'s' if workers != 1 else ''}" if workers else "main process"]
     if workers and settings.get("prefetch_factor") is not None:
@@ -145,5 +147,5 @@ def settings_text(settings: dict[str, object]) -> str:
     if settings.get("pin_memory"):
         parts.append("pinned")
     parts += [f"{k}={v}" for k, v in settings.items()
-              if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")]
+              if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory") and v is not None]
     return ", ".join(parts)

@@ -3,39 +3,21 @@ backend): the trial happens on the live run, the model sees every image once per
 DALI failure is discarded like any failed trial."""
 
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
 import pytorch_lightning as pl
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
-from tests.dali.images import indices_of, solid_folder, torchvision
-from tests.helpers import quiet_pipeopt, quiet_trainer_kwargs
+from tests.dali.images import Classifier, solid_folder, torchvision
+from tests.helpers import quiet_pipeopt, quiet_trainer_kwargs, run_ddp
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (`pip install 'pipeopt[dali]'`; `make test` "
                     "runs these tests in .venv-vision)")
 
 T = torchvision.transforms
-
-
-class Classifier(pl.LightningModule):
-    """Records the dataset index of every image it trains on (``solid_folder`` colours name them)."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 3))
-        self.seen: list[int] = []
-
-    def training_step(self, batch, batch_idx):
-        images, labels = batch
-        assert labels.dtype == torch.int64
-        self.seen.extend(indices_of(images))
-        return nn.functional.cross_entropy(self.net(images), labels)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +82,24 @@ def test_without_dali_the_group_is_skipped_with_how_to_install_it(images, monkey
     assert skipped.group == "dali"
     assert "NVIDIA DALI is not installed" in skipped.reason and "pip install 'pipeopt[dali]'" in skipped.reason
     assert not dali_trials(callback)
+
+
+DDP_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ddp_dali_fit.py"
+
+
+def test_under_ddp_every_rank_tries_dali_on_its_own_shard(images, tmp_path):
+    plain = run_ddp(DDP_SCRIPT, tmp_path, "plain", str(images))
+    tuned = run_ddp(DDP_SCRIPT, tmp_path, "pipeopt", str(images))
+    for rank in (0, 1):  # the DistributedSampler Lightning injected: its shard, in its order, epoch after epoch
+        assert tuned[rank]["seen"] == plain[rank]["seen"]
+    assert any(t.get("dali") == "cpu" for t in tuned[0]["trials"])
+    assert tuned[0]["trials"] == tuned[1]["trials"] and tuned[0]["changes"] == tuned[1]["changes"]
+
+
+def test_loader_from_under_ddp_shards_itself_once_per_epoch(images, tmp_path):
+    ranks = run_ddp(DDP_SCRIPT, tmp_path, "loader_from", str(images))
+    per_epoch = 96 // 2  # 96 images, two ranks
+    for epoch in range(2):
+        parts = [r["seen"][epoch * per_epoch:(epoch + 1) * per_epoch] for r in ranks]
+        assert sorted(parts[0] + parts[1]) == list(range(96))  # disjoint shards covering every image once
+    assert ranks[0]["seen"][:per_epoch] != ranks[0]["seen"][per_epoch:]  # set_epoch reshuffled the shard

@@ -1,4 +1,5 @@
-"""Small image folders for the DALI tests, written with PIL (a torchvision dependency)."""
+"""Small image folders for the DALI tests, written with PIL (a torchvision dependency), and a classifier that
+records which images it trained on."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed: `make test` runs these tests "
                                   "in .venv-vision (torch 2.14.1 + torchvision 0.29.1 + DALI)")
-import torchvision.transforms.v2  # noqa: E402,F401  (v2 is a submodule: imported for the tests)
+pytest.importorskip("torchvision.transforms.v2")  # a submodule: imported for the tests that use v2
 from PIL import Image  # noqa: E402
 
 CLASSES = ("ants", "bees", "cats")
@@ -53,3 +57,21 @@ def indices_of(images) -> list[int]:
     if images.dtype.is_floating_point:
         levels = levels * 255
     return [round(r / STEP) + BASE * round(g / STEP) for r, g in levels.tolist()]
+
+
+class Classifier(pl.LightningModule):
+    """Records the dataset index of every image it trains on (``solid_folder`` colours name them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 3))
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        assert labels.dtype == torch.int64
+        self.seen.extend(indices_of(images))
+        return nn.functional.cross_entropy(self.net(images), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)

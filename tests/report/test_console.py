@@ -50,3 +50,14 @@ def test_gpu_figures_when_sampled():
     assert row(text, "GPU utilisation")[1:3] == ["97 %", "97 %"]
     assert row(text, "peak device memory")[1] == "2.00 GiB"
     assert row(text, "GPU power")[1] == "612 W"
+
+
+def test_trial_settings_read_as_a_user_would_say_them():
+    from pipeopt.report.console import settings_text
+    from pipeopt.tuning.loader_search import LoaderSettings
+
+    workers = LoaderSettings(num_workers=4, prefetch_factor=2, persistent_workers=True, pin_memory=True)
+    assert settings_text(workers.as_kwargs()) == "4 workers, prefetch 2, persistent, pinned"
+    user = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+    assert settings_text(user.as_kwargs()) == "main process"
+    assert settings_text(LoaderSettings.dali_on("mixed").as_kwargs()) == "DALI (mixed decoding)"
