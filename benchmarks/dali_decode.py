@@ -7,7 +7,7 @@ The same 512 JPEGs (384 px) and the same chain - RandomResizedCrop(112, scale=(0
 ToTensor, Normalize - into the same small CNN, 32 images a step. Arms, interleaved and repeated in one run (medians):
 the DataLoader with 0-4 workers, ``pipeopt.dali.loader_from(loader, device="cpu")``, and the naive loader under
 ``PipeOpt(tune=("loader", "dali"))``, measured after its tuning finished. Writes
-``benchmarks/results/dali_cpu_decode.json``.
+``benchmarks/results/dali_cpu_decode.json`` and its rows in ``benchmarks/results/README.md`` and the README.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from rich.progress import Progress
 
 from benchmarks.harness import median, quiet_pipeopt, run_fit, spread
-from benchmarks.run import RESULTS, machine
+from benchmarks.run import RESULTS, machine, write_markdown
 from benchmarks.scenarios.base import Scenario, label
 from benchmarks.scenarios.workloads import CACHE, Classifier, jpeg_folder, small_cnn
 
@@ -56,7 +56,8 @@ def dataset() -> Any:
 
 SCENARIO = Scenario(
     name="dali_cpu_decode",
-    description="ImageFolder of 384 px JPEGs, torchvision RandomResizedCrop(112) + flip + normalise, 32/step, small CNN",
+    description="ImageFolder of 384 px JPEGs, torchvision RandomResizedCrop(112) + flip + normalise, 32/step, "
+                "small CNN",
     make_dataset=dataset,
     make_model=lambda: Classifier(small_cnn(CLASSES)),
     batch_size=32,
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{s.name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
+    write_markdown()
     print(f"best DataLoader ({label(best['settings'])}): {best['samples_per_s']:,.0f} images/s; DALI CPU: "
           f"{dali['samples_per_s']:,.0f} images/s ({result['dali_over_best_dataloader']:.2f}x); under PipeOpt: "
           f"{tuned_rate or 0:,.0f} images/s -> {path}")

@@ -163,11 +163,9 @@ def write_markdown() -> Path:
         "pipeopt / oracle (steady) | time lost to tuning | pipeopt chose | observation overhead |",
         "|---|---:|---|---:|---:|---:|---:|---|---:|",
     ]
-    results = [p for p in sorted(RESULTS.glob("*.json")) if p.name != "bookkeeping.json"]
+    results = [RESULTS / f"{name}.json" for name in sorted(SCENARIOS) if (RESULTS / f"{name}.json").exists()]
     details: list[str] = []
     for path in results:
-        if path.name.startswith("gpu-"):
-            continue
         r = json.loads(path.read_text())
         o = r.get("observation_overhead")
         overhead = f"{o['overhead_pct']:+.1f} %" if o else "-"
@@ -189,6 +187,28 @@ def write_markdown() -> Path:
     lines.append("Observation overhead: throughput lost by running `PipeOpt(tune=())` on the naive setting, "
                  "(1 - observed / plain) of medians; negative means the observed runs happened to be faster "
                  "(noise).")
+    dali = RESULTS / "dali_cpu_decode.json"
+    if dali.exists():
+        d = json.loads(dali.read_text())
+        best = next(row for row in d["grid"] if row["settings"] == d["best_dataloader"])
+        ours = d["grid"][-1]
+        tuned = d["pipeopt"]
+        kept = "; ".join(label(run["kept"] or {}) or "no change" for run in tuned["runs"])
+        lines += ["", "| DALI (`make bench-dali`) | best DataLoader | its samples/s | DALI CPU samples/s | DALI / best "
+                  "DataLoader | naive loader under PipeOpt (steady) | pipeopt kept |",
+                  "|---|---|---:|---:|---:|---:|---|",
+                  f"| {d['scenario']} | {label(best['settings'])} | {best['samples_per_s']:.0f} | "
+                  f"{ours['samples_per_s']:.0f} | {d['dali_over_best_dataloader']:.2f} | "
+                  f"{tuned['samples_per_s']:.0f} | {kept} |", "",
+                  "DALI: the CPU-decode images as a torchvision ImageFolder; each arm "
+                  f"{d['steps_per_run'] - d['warmup_steps']} steps after {d['warmup_steps']} of warm-up, medians of "
+                  "interleaved repeats; under PipeOpt: "
+                  "`tune=(\"loader\", \"dali\")` from `num_workers=0`, steady over the last half of a 400-step run."]
+        details += ["", f"## {d['scenario']}: {d['description']}", "", f"`{d['command']}` on "
+                    f"{d['machine']['cpus']} CPUs ({d['machine']['device']}), torch {d['machine']['torch']}", "",
+                    "| loader | samples/s | spread |", "|---|---:|---:|"]
+        details += [f"| {label(row['settings'])} | {row['samples_per_s']:.0f} | {row['spread']:.0%} |"
+                    for row in d["grid"]]
     book = RESULTS / "bookkeeping.json"
     if book.exists():
         b = json.loads(book.read_text())

@@ -238,7 +238,7 @@ class PipeOpt(Callback):
         restored = self._restored
         if restored is not None and "loader" in restored:
             loader = LoaderSettings(**restored["loader"]) if restored["loader"] else None
-            if loader is None or not loader.dali or dali is not None:
+            if loader is None or loader.dali in (None, dali):
                 self._session.restore(loader)
                 return
             self._session.notes.append("the checkpoint's tuning kept DALI, which cannot be used here; tuned afresh")
@@ -252,7 +252,7 @@ class PipeOpt(Callback):
             entry = trainer.strategy.broadcast(self._cache.get(self._cache_key) if trainer.is_global_zero else None)
             if entry is not None and "loader" in entry and "samples_per_s" in entry:
                 cached = LoaderSettings(**entry["loader"]) if entry["loader"] else None
-                if cached is None or not cached.dali or dali is not None:  # DALI only where it may be tried now
+                if cached is None or cached.dali in (None, dali):  # DALI only where it may be tried now
                     self._session.verify_cached(cached, float(entry["samples_per_s"]))
 
     def _agree(self, values: list[float]) -> list[float]:

@@ -103,3 +103,18 @@ def test_loader_from_under_ddp_shards_itself_once_per_epoch(images, tmp_path):
         parts = [r["seen"][epoch * per_epoch:(epoch + 1) * per_epoch] for r in ranks]
         assert sorted(parts[0] + parts[1]) == list(range(96))  # disjoint shards covering every image once
     assert ranks[0]["seen"][:per_epoch] != ranks[0]["seen"][per_epoch:]  # set_epoch reshuffled the shard
+
+
+def test_a_run_resumed_with_dali_kept_uses_it_at_once(images):
+    from pipeopt.dali import DaliLoader
+    from pipeopt.tuning.loader_search import LoaderSettings
+
+    plain, _ = fit([], images, epochs=2)
+    callback = quiet_pipeopt(tune=("dali",), window=4)
+    # what a checkpoint of a run that kept DALI holds (``PipeOpt.state_dict()``)
+    callback.load_state_dict({"version": 1, "tuned": {"loader": LoaderSettings.dali_on("cpu").as_kwargs()}})
+    resumed, trainer = fit([callback], images, epochs=2)
+    assert resumed.seen == plain.seen
+    assert isinstance(trainer.train_dataloader, DaliLoader)
+    assert [(c.knob, c.after) for c in callback.report.changes] == [("dali", "cpu")]
+    assert not callback.report.trials  # no trials: applied from the checkpoint

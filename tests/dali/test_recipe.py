@@ -23,7 +23,8 @@ def folder(root, transform, **kwargs):
 
 
 def test_the_usual_train_chain_v1(root):
-    ds = folder(root, T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    chain = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = folder(root, chain)
     recipe = translate(ds)
     assert recipe.samples == tuple((path, label) for path, label in ds.samples)
     assert recipe.geometry == (RandomResizedCrop(224, 224, (0.08, 1.0), (3 / 4, 4 / 3), "linear"),)
