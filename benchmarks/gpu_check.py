@@ -263,34 +263,22 @@ def main() -> int:
         return 0
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    started = time.perf_counter()
-    figures = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "timing": check_timing(),
-        "input_bound": check_input_bound(),
-        "overhead": check_overhead(),
+    sections = {
+        "gpu-foundation.json": lambda: {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                        "timing": check_timing(), "input_bound": check_input_bound(),
+                                        "overhead": check_overhead()},
+        "gpu-precision-batch.json": check_precision_and_batch,
+        "gpu-dali.json": check_dali,
     }
-    figures["elapsed_s"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "gpu-foundation.json"
-    path.write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures, indent=2))
-    print(f"wrote {path}")
-    started = time.perf_counter()
-    mixed = check_precision_and_batch()
-    mixed["elapsed_s"] = time.perf_counter() - started
-    path = args.out / "gpu-precision-batch.json"
-    path.write_text(json.dumps(mixed, indent=2, default=str) + "\n")
-    print(json.dumps(mixed, indent=2, default=str))
-    print(f"wrote {path}")
-    started = time.perf_counter()
-    dali = check_dali()
-    dali["elapsed_s"] = time.perf_counter() - started
-    path = args.out / "gpu-dali.json"
-    path.write_text(json.dumps(dali, indent=2, default=str) + "\n")
-    print(json.dumps(dali, indent=2, default=str))
-    print(f"wrote {path}")
+    for name, check in sections.items():
+        started = time.perf_counter()
+        figures = check()
+        figures["elapsed_s"] = time.perf_counter() - started
+        path = args.out / name
+        path.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        print(json.dumps(figures, indent=2, default=str))
+        print(f"wrote {path}")
     return 0
 
 

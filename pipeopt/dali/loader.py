@@ -97,9 +97,6 @@ class DaliLoader:
             self._before_epoch()
         return DaliIterator(self, iter(self.batch_sampler), self._epoch)
 
-    def describe(self) -> str:
-        return f"DALI ({self.device} decoding, {self.num_threads} thread{'s' if self.num_threads != 1 else ''})"
-
     # -- for DaliIterator -----------------------------------------------------------------------------------
     def _pipeline(self, size: int) -> Any:
         """The pipeline, (re)built when a batch is larger than the one it was built for or it broke."""
@@ -107,8 +104,7 @@ class DaliLoader:
             self._pipe = None
             self._pipe_batch = max(size, _batch_size(self.batch_sampler) or 0)
             self._pipe = pipeline.build(self.recipe, batch_size=self._pipe_batch, device=self.device,
-                                        device_id=self.device_id, num_threads=self.num_threads, seed=self.seed,
-                                        prefetch=self.prefetch)
+                                        device_id=self.device_id, num_threads=self.num_threads, seed=self.seed)
         return self._pipe
 
     def _broken(self) -> None:

@@ -45,9 +45,10 @@ def missing() -> str | None:
     return None
 
 
-def build(recipe: Recipe, *, batch_size: int, device: str, device_id: int | None, num_threads: int, seed: int,
-          prefetch: int) -> Any:
-    """A built DALI pipeline for ``recipe`` taking up to ``batch_size`` files per run."""
+def build(recipe: Recipe, *, batch_size: int, device: str, device_id: int | None, num_threads: int,
+          seed: int) -> Any:
+    """A built DALI pipeline for ``recipe`` taking up to ``batch_size`` files per run. Its caller schedules runs
+    ahead itself (one ``schedule_run`` per fed batch), so DALI's own prefetch queue is one deep."""
     if device not in DEVICES:
         raise ValueError(f"DALI device {device!r} is not one of {DEVICES}")
     import nvidia.dali as dali

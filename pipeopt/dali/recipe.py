@@ -81,10 +81,6 @@ class Recipe:
         """Every image comes out the same size (so a batch stacks)."""
         return bool(self.geometry) and not isinstance(self.geometry[-1], ResizeShorter)
 
-    def describe(self) -> str:
-        steps = [type(g).__name__ for g in self.geometry] + (["HorizontalFlip"] if self.flip else [])
-        return f"{len(self.samples)} images; {' -> '.join(steps) or 'no geometry'}; {self.dtype} CHW"
-
 
 def translate(dataset: Any, collate_fn: Any = None) -> Recipe:
     """The DALI recipe for ``dataset`` (batched with ``collate_fn``), or ``Untranslatable`` saying why not."""
