@@ -29,7 +29,8 @@ class Handover(Iterator[Any]):
     exactly what it was given and stops. When one of pipeopt's sources fails in the loader machinery (a worker
     died, hung past the timeout, ran out of shared memory; a ``LoaderFailure``, such as a DALI pipeline's), its
     undelivered batches go back into the stream and ``fallback(error)`` supplies a loader iterator that continues
-    with them: no batch is lost or repeated. Anything else - an exception from the user's dataset included - propagates unchanged.
+    with them: no batch is lost or repeated. Anything else - an exception from the user's dataset included -
+    propagates unchanged.
     """
 
     def __init__(self, stream: IndexStream, first: Iterator[Any], first_loader: Any,
