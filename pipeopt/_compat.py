@@ -122,14 +122,30 @@ def shutdown_iterator(iterator: Any) -> None:
 
 
 def kill_workers(iterator: Any) -> None:
-    """Terminate a failed DataLoader iterator's live workers at once. torch's own shutdown joins each worker with a
-    5 s timeout before terminating it, so a trial whose workers hang would cost 5 s per worker; its batches are
-    re-fed from the index stream, so nothing a worker held is needed."""
-    for worker in getattr(iterator, "_workers", ()):
+    """Terminate a failed DataLoader iterator's live workers at once, and shut the iterator down around them.
+
+    torch's own shutdown joins each worker with a 5 s timeout before terminating it, so a trial whose workers hang
+    would cost 5 s per worker; its batches are re-fed from the index stream, so nothing a worker held is needed.
+    The workers leave torch's SIGCHLD watch first (otherwise their termination raises "worker killed" in the main
+    thread, wherever it then is), and torch's shutdown is not run after them: it sets an event shared with the
+    workers, whose lock a worker killed inside it still holds - the main process then waits forever.
+    """
+    detach_worker_watch(iterator)
+    workers = getattr(iterator, "_workers", ())
+    for worker in workers:
         if worker.is_alive():
             worker.terminate()
-    for worker in getattr(iterator, "_workers", ()):
+    for worker in workers:
         worker.join(timeout=1.0)
+    if getattr(iterator, "_shutdown", True):  # single-process, or already shut down
+        return
+    iterator._shutdown = True
+    pin_done = getattr(iterator, "_pin_memory_thread_done_event", None)
+    if pin_done is not None:
+        pin_done.set()  # the pin-memory thread (a daemon) sees it within its poll interval and ends
+    for queue in getattr(iterator, "_index_queues", ()):  # as torch's shutdown does: its feeder thread ends
+        queue.cancel_join_thread()
+        queue.close()
 
 
 def cached_iterator(loader: Any) -> Any:
