@@ -90,8 +90,9 @@ def loader_from(
     if num_threads is None:
         from pipeopt.report.environment import cpus_available
 
-        local = torch.cuda.device_count() if device == "mixed" else 1
-        num_threads = max(1, cpus_available() // max(1, min(shards, local)))
+        # shards on this node: at most one per GPU with "mixed"; CPU shards are taken to share this node
+        local = min(shards, torch.cuda.device_count()) if device == "mixed" else shards
+        num_threads = max(1, cpus_available() // max(1, local))
     return DaliLoader(recipe, batch_sampler, device=device, num_threads=num_threads, seed=seed,
                       before_epoch=before_epoch)
 
