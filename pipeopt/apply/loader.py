@@ -140,15 +140,14 @@ def dali_blocker(user: DataLoader) -> str | None:
     return missing()
 
 
-def start_dali(user: DataLoader, device: str, *, first: Iterator[Any], generator: torch.Generator,
+def start_dali(user: DataLoader, recipe: Any, device: str, *, first: Iterator[Any], generator: torch.Generator,
                num_threads: int) -> tuple[Iterator[Any], Any]:
-    """A DALI loader giving ``user``'s batches (its dataset, batch sampler and RNG draws) that continues ``first``,
-    and its iterator."""
-    from pipeopt.dali import DaliLoader, translate
+    """A DALI loader giving ``user``'s batches (``recipe``: its dataset translated; its batch sampler and RNG draws)
+    that continues ``first``, and its iterator."""
+    from pipeopt.dali import DaliLoader
 
     sampler = ResumingSampler(user.batch_sampler, first, user_epoch_draw(user, generator))
-    loader = DaliLoader(translate(user.dataset, user.collate_fn), sampler, device=device, num_threads=num_threads,
-                        seed=draw_seed(generator))
+    loader = DaliLoader(recipe, sampler, device=device, num_threads=num_threads, seed=draw_seed(generator))
     return iter(loader), loader
 
 
@@ -181,11 +180,16 @@ class LoaderSwitcher:
         self.current = self.user_settings
         self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
         self._dali_threads = dali_threads
+        self._recipe: Any = None  # the user's dataset as DALI rebuilds it, once a DALI loader is started
 
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], Any]:
         if settings.dali:
-            return start_dali(self.user, settings.dali, first=stream, generator=self._generator,
+            if self._recipe is None:  # translated once: trial, repeat and after-window share it
+                from pipeopt.dali import translate
+
+                self._recipe = translate(self.user.dataset, self.user.collate_fn)
+            return start_dali(self.user, self._recipe, settings.dali, first=stream, generator=self._generator,
                               num_threads=self._dali_threads)
         return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout)
 

@@ -15,6 +15,7 @@ starts a fresh epoch from the sampler.
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
@@ -82,10 +83,6 @@ class DaliLoader:
     def sampler(self) -> Any:
         """The sample sampler, where Lightning calls ``set_epoch`` (a ``DistributedSampler`` reshuffles with it)."""
         return getattr(self.batch_sampler, "sampler", None)
-
-    @property
-    def batch_size(self) -> int | None:
-        return _batch_size(self.batch_sampler)
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
@@ -165,7 +162,7 @@ class DaliIterator(Iterator[Any]):
                 return
             try:
                 if loader._fed and len(indices) > loader._pipe_batch:  # a rebuild would drop what is in flight
-                    self._indices = _chain([indices], self._indices)
+                    self._indices = itertools.chain([indices], self._indices)
                     return
                 pipe = loader._pipeline(len(indices))
                 pipe.feed_input(pipeline.ENCODED, loader._encoded(indices))
@@ -193,11 +190,6 @@ class DaliIterator(Iterator[Any]):
         self._indices = iter(())
         if self._current:
             self._loader._drain()
-
-
-def _chain(first: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
-    yield from first
-    yield from rest
 
 
 def _batch_size(batch_sampler: Any) -> int | None:

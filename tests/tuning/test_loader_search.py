@@ -31,6 +31,13 @@ def storage_world(settings):
     return trial(settings, rate, wait, cpu_workers=5.0 * n)
 
 
+def crashing_from_4(settings):
+    """``storage_world``, where 4 workers or more crash."""
+    if settings.num_workers >= 4:
+        return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
+    return storage_world(settings)
+
+
 def test_compute_bound_runs_are_left_alone():
     search = LoaderSearch(trial(USER, 1000.0, 0.02), Budget(cpus=8))
     assert search.propose() is None
@@ -77,13 +84,8 @@ def test_growth_ends_at_the_first_count_that_does_not_beat_the_best():
 
 
 def test_a_failed_trial_ends_growth_and_is_never_chosen():
-    def crashing(settings):
-        if settings.num_workers >= 4:
-            return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
-        return storage_world(settings)
-
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
-    run(search, crashing)
+    run(search, crashing_from_4)
     assert "4 workers failed" in search.stop_reason
     assert search.choice().settings.num_workers == 2
 
@@ -153,13 +155,8 @@ def test_from_the_users_workers_growth_doubles_them():
 
 
 def test_a_first_count_that_fails_is_halved_and_never_exceeded():
-    def crashing(settings):
-        if settings.num_workers >= 4:
-            return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
-        return storage_world(settings)
-
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
-    counts = [p.num_workers for p in run(search, crashing)]
+    counts = [p.num_workers for p in run(search, crashing_from_4)]
     assert counts[:2] == [4, 2] and max(counts) == 4 and counts.count(4) == 1
     assert "4 workers failed" in search.stop_reason
     assert search.choice().settings.num_workers == 2
