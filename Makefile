@@ -1,13 +1,14 @@
 # Quick start: `make demo` and `make test`. Both create .venv (if missing) and install pipeopt into it.
-# TORCH picks the torch build: the default installs a CPU build from local disk on these machines;
-# a GPU user can pass e.g. `make demo TORCH="torch==2.14.1 torchvision==0.29.1"`.
+# TORCH picks the torch build: the default is torch 2.13.0's CPU build; a GPU user can pass e.g.
+# `make demo TORCH="torch==2.14.1 torchvision==0.29.1"`.
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pipeopt-installed
-# The DALI tests compare with torchvision, whose wheels here import only beside torch 2.14.1 (a CUDA build from
-# local disk, ~5.5 GB; it runs on the CPU): they run in a second venv with DALI (~425 MB from PyPI) installed too.
+# The DALI tests compare with torchvision, whose released wheels import only beside the torch release they were built
+# for: they run in a second venv with torch 2.14.1 (a CUDA build, ~5.5 GB; it runs on the CPU), torchvision 0.29.1
+# and DALI (~425 MB).
 VISION_VENV ?= .venv-vision
 VISION      ?= torch==2.14.1 torchvision==0.29.1
 DALI        ?= nvidia-dali-cuda120==2.4.0
@@ -15,7 +16,7 @@ VPY         := $(VISION_VENV)/bin/python
 VISION_STAMP := $(VISION_VENV)/.pipeopt-installed
 DALI_TESTS  := tests/dali tests/callbacks/test_dali.py
 
-.PHONY: install browser demo test bench bench-dali clean
+.PHONY: install browser demo test test-repeat bench bench-dali clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,12 +42,18 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium could not be installed: the browser test will be skipped"
 
-# The suite runs twice: as is, and under `python -O` (asserts stripped: nothing may validate with them); there the
-# DALI tests skip (no DALI, no torchvision) and say so. Then the DALI tests run where both are installed.
+# The suite, then the DALI tests where DALI and torchvision are installed (in .venv they skip and say so). That no
+# pipeopt code validates with `assert` (which `python -O` strips) is checked statically by tests/test_package.py.
 test: $(STAMP) $(VISION_STAMP) browser
 	$(PY) -m pytest -q
-	$(PY) -O -m pytest -q -p no:cacheprovider
 	$(VPY) -m pytest -q -p no:cacheprovider $(DALI_TESTS)
+
+# `make test` N times on this clone, one line per run, then "P passed, F failed" (logs in .test-repeat/).
+# LOAD=1 keeps one CPU core busy with another process for the whole time, as a shared CI machine might.
+N    ?= 5
+LOAD ?= 0
+test-repeat: $(STAMP) $(VISION_STAMP) browser
+	@bash tests/repeat.sh $(N) $(LOAD)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run all
@@ -55,4 +62,4 @@ bench-dali: $(VISION_STAMP)
 	$(VPY) -m benchmarks.dali_decode
 
 clean:
-	rm -rf $(VENV) $(VISION_VENV) pipeopt_reports .pytest_cache
+	rm -rf $(VENV) $(VISION_VENV) pipeopt_reports .pytest_cache .test-repeat

@@ -22,7 +22,7 @@ from typing import Any
 from rich.progress import Progress
 
 from benchmarks.harness import median, quiet_pipeopt, run_fit, spread
-from benchmarks.run import RESULTS, machine, write_markdown
+from benchmarks.run import RESULTS, keep_in_history, machine, write_markdown
 from benchmarks.scenarios.base import Scenario, label
 from benchmarks.scenarios.workloads import CACHE, Classifier, jpeg_folder, small_cnn
 
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{s.name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
+    keep_in_history(result)
     write_markdown()
     print(f"best DataLoader ({label(best['settings'])}): {best['samples_per_s']:,.0f} images/s; DALI CPU: "
           f"{dali['samples_per_s']:,.0f} images/s ({result['dali_over_best_dataloader']:.2f}x); under PipeOpt: "

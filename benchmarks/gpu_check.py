@@ -131,7 +131,7 @@ def check_input_bound() -> dict[str, Any]:
     fit(KnownDeviceTime(cycles), DataLoader(Instant(delay_s=0.002), batch_size=8), 30, [cb])
     w = cb.report.before
     return {"data_wait_frac": w.data_wait_frac, "busy_frac": w.busy_frac, "verdict": cb.report.verdict.kind,
-            "predicted_speedup": cb.report.verdict.predicted_speedup}
+            "predicted_speedup": cb.report.verdict.input_free_speedup}
 
 
 def check_overhead(pairs: int = 4) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Every Lightning detail pipeopt relies on that is not a public API, in one module.
 
-Checked against ``pytorch_lightning`` and ``lightning.pytorch`` 2.2 - 2.6 (the range pinned in pyproject.toml). A
+Tested with ``pytorch_lightning`` and ``lightning.pytorch`` 2.6 (the range declared in pyproject.toml). A
 Lightning upgrade that renames one of these breaks this file only; the callback warns when a seam stops answering.
 """
 
@@ -80,7 +80,7 @@ def live_train_iterators(trainer: Any) -> list[Any] | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# torch DataLoader iterator internals (torch 2.2 - 2.13).
+# torch DataLoader iterator internals (tested with torch 2.13 and 2.14).
 
 #: Messages torch's DataLoader machinery raises when workers die, hang or run out of shared memory - as opposed to
 #: an exception raised by the user's dataset, which must surface unchanged.

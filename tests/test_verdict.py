@@ -13,15 +13,15 @@ def test_kind_follows_the_data_wait_fraction(wait_frac, kind):
     assert judge(w).kind == kind
 
 
-def test_predicted_speedup_is_step_time_over_input_free_step_time():
+def test_input_free_speedup_is_step_time_over_input_free_step_time():
     w = make_window(step_time_s=0.1, wait_s=0.075, compute_s=0.02, transfer_s=0.0, data_wait_frac=0.75)
-    assert judge(w).predicted_speedup == pytest.approx(0.1 / 0.025)
+    assert judge(w).input_free_speedup == pytest.approx(0.1 / 0.025)
 
 
 def test_device_time_bounds_the_prediction_when_the_wait_overlapped_device_work():
     # CUDA: the host waited 60 ms, but the device computed for 80 ms of the 100 ms step meanwhile.
     w = make_window(step_time_s=0.1, wait_s=0.06, compute_s=0.08, transfer_s=0.0, data_wait_frac=0.6)
-    assert judge(w).predicted_speedup == pytest.approx(0.1 / 0.08)
+    assert judge(w).input_free_speedup == pytest.approx(0.1 / 0.08)
 
 
 def test_reason_states_the_measured_share():

@@ -395,7 +395,7 @@ class PipeOpt(Callback):
                 changes=list(session.changes),
                 trials=session.report_trials(),
                 suggestions=[session.suggestion] if session.suggestion else [],
-                predicted=session.predicted_speedup,
+                predicted_speedup=session.predicted_speedup,
             )
         for group in (self._precision, self._batch):
             if group is None:

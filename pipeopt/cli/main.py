@@ -98,14 +98,17 @@ def _tune(args: argparse.Namespace, script_args: list[str], parser: argparse.Arg
         made.append(PipeOpt(console=console, **options))  # type: ignore[arg-type]
         return made[-1]
 
-    with attached(make, PipeOpt):
+    with attached(make, PipeOpt) as in_use:
         status = run_script(script, script_args)
+    if any(cb not in made for cb in in_use):
+        console.print(f"pipeopt: {script} creates its own PipeOpt, used as the script configured it (the options "
+                      "given to `pipeopt tune` apply only to Trainers without one).", highlight=False)
     if status != 0:
         console.print(f"[bold red]pipeopt:[/bold red] {script} exited with status {status}; see its output above.")
         return status
-    fitted = [cb for cb in made if cb.report is not None]
+    fitted = [cb for cb in in_use if cb.report is not None]
     if not fitted:
-        what = "never created a Trainer" if not made else "never called Trainer.fit"
+        what = "never created a Trainer" if not in_use else "never called Trainer.fit"
         console.print(f"[bold red]pipeopt:[/bold red] {script} {what}, so there was no training run to measure. "
                       "pipeopt tune runs scripts that train with a Lightning Trainer's fit().")
         return 3

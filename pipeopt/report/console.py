@@ -70,12 +70,12 @@ def render(report: Report) -> Group:
         v = report.verdict
         lines.append(f"Verdict: {v.kind}", style="bold")
         lines.append(f" - {v.reason}.\n")
-        lines.append(f"Predicted speedup if input were free: {v.predicted_speedup:.2f}x (from the before window)\n")
+        lines.append(f"Estimated speedup if input were free: {v.input_free_speedup:.2f}x (from the before window)\n")
     else:
         lines.append("Verdict: not enough steps were measured for a window "
                      f"({report.steps_measured} steps seen).\n")
-    if report.predicted is not None:
-        lines.append(f"Predicted speedup of the change (from its trial): {report.predicted:.2f}x\n")
+    if report.predicted_speedup is not None:
+        lines.append(f"Predicted speedup of the change (from its trial): {report.predicted_speedup:.2f}x\n")
     if report.measured_speedup is not None:
         what = "after over before" if report.mode == "tune" else "last over first window"
         lines.append(f"Measured speedup ({what}): {report.measured_speedup:.2f}x\n")

@@ -74,9 +74,9 @@ def _verdict(report: Report) -> str:
     if v is None:
         return "<div class='verdict'>Not enough steps were measured for a window.</div>"
     lines = [f"<b>{_e(v.kind)}</b>: {_e(v.reason)}.",
-             f"Predicted speedup if input were free: <b>{v.predicted_speedup:.2f}x</b> (before window)."]
-    if report.predicted is not None:
-        lines.append(f"Predicted speedup of the change (its trial): <b>{report.predicted:.2f}x</b>.")
+             f"Estimated speedup if input were free: <b>{v.input_free_speedup:.2f}x</b> (before window)."]
+    if report.predicted_speedup is not None:
+        lines.append(f"Predicted speedup of the change (its trial): <b>{report.predicted_speedup:.2f}x</b>.")
     if report.measured_speedup is not None:
         lines.append(f"Measured speedup (after over before): <b>{report.measured_speedup:.2f}x</b>.")
     return f"<div class='verdict {_e(v.kind)}'>" + "<br>".join(lines) + "</div>"

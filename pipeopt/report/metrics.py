@@ -1,23 +1,24 @@
-"""Figures sent to the Trainer's loggers. Every key pipeopt emits is in this table.
+"""Figures sent to the Trainer's loggers, only under ``pipeopt/``. Every key pipeopt emits is in this table.
 
-============================  ==============================================================  ===========
-key                           meaning                                                         when
-============================  ==============================================================  ===========
-``pipeopt/samples_per_s``     samples per second over the window                              each window
-``pipeopt/steps_per_s``       optimizer steps per second over the window                      each window
-``pipeopt/step_time_ms``      mean wall time of an optimizer step                             each window
-``pipeopt/data_wait_frac``    share of step time the loop was blocked waiting for a batch     each window
-``pipeopt/transfer_frac``     share of step time spent moving batches to the device           each window
-``pipeopt/busy_frac``         share of step time in forward + backward + optimizer            each window
-``pipeopt/cpu_main_pct``      CPU use of the training process (100 = one core)                each window
-``pipeopt/cpu_workers_pct``   CPU use of its loader workers (100 = one core)                  each window
-``pipeopt/peak_mem_mb``       CUDA allocator peak during the window                           CUDA only
-``pipeopt/gpu_util_pct``      NVML GPU utilisation, mean over the window                      NVML only
-``pipeopt/gpu_mem_used_mb``   NVML memory used on the device, max over the window             NVML only
-``pipeopt/gpu_power_w``       NVML power draw, mean over the window                           NVML only
-``pipeopt/predicted_speedup`` speedup if input were free (the verdict's prediction)           end of fit
-``pipeopt/measured_speedup``  after-window over before-window throughput                      end of fit
-============================  ==============================================================  ===========
+=============================  ==============================================================  ==============
+key                            meaning                                                         when
+=============================  ==============================================================  ==============
+``pipeopt/samples_per_s``      samples per second over the window                              each window
+``pipeopt/steps_per_s``        optimizer steps per second over the window                      each window
+``pipeopt/step_time_ms``       mean wall time of an optimizer step                             each window
+``pipeopt/data_wait_frac``     share of step time the loop was blocked waiting for a batch     each window
+``pipeopt/transfer_frac``      share of step time spent moving batches to the device           each window
+``pipeopt/busy_frac``          share of step time in forward + backward + optimizer            each window
+``pipeopt/cpu_main_pct``       CPU use of the training process (100 = one core)                each window
+``pipeopt/cpu_workers_pct``    CPU use of its loader workers (100 = one core)                  each window
+``pipeopt/peak_mem_mb``        CUDA allocator peak during the window                           CUDA only
+``pipeopt/gpu_util_pct``       NVML GPU utilisation, mean over the window                      NVML only
+``pipeopt/gpu_mem_used_mb``    NVML memory used on the device, max over the window             NVML only
+``pipeopt/gpu_power_w``        NVML power draw, mean over the window                           NVML only
+``pipeopt/input_free_speedup`` estimated speedup if input were free (from the before-window)   end of fit
+``pipeopt/predicted_speedup``  the kept change's predicted speedup (from its trial)            a change kept
+``pipeopt/measured_speedup``   after-window over before-window throughput                      end of fit
+=============================  ==============================================================  ==============
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def window_metrics(stats: WindowStats) -> dict[str, float]:
 
 def summary_metrics(report: Report) -> dict[str, float]:
     candidates = {
+        "pipeopt/input_free_speedup": report.verdict.input_free_speedup if report.verdict else None,
         "pipeopt/predicted_speedup": report.predicted_speedup,
         "pipeopt/measured_speedup": report.measured_speedup,
     }

@@ -9,7 +9,9 @@ from typing import Any
 from pipeopt.measure.window import WindowStats
 from pipeopt.verdict import Verdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Older versions ``from_dict`` still reads.
+READABLE_VERSIONS = (1, 2)
 MAX_TIMELINE = 512
 
 
@@ -30,7 +32,7 @@ class Trial:
     settings: dict[str, Any]
     samples_per_s: float | None
     data_wait_frac: float | None
-    status: str  # "ok" | "failed" | "skipped"
+    status: str  # "ok" | "failed"
     error: str | None = None
 
 
@@ -86,17 +88,10 @@ class Report:
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)  # code the user can paste to keep the changes
-    predicted: float | None = None  # a tuner's predicted speedup of its change (from its trial)
+    predicted_speedup: float | None = None  # a tuner's prediction for the change it kept (from its trial); else None
     timeline: list[WindowStats] = field(default_factory=list)
     steps_measured: int = 0
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-
-    @property
-    def predicted_speedup(self) -> float | None:
-        """The tuner's prediction for its change when something changed; else the verdict's input-free bound."""
-        if self.predicted is not None:
-            return self.predicted
-        return self.verdict.predicted_speedup if self.verdict else None
 
     @property
     def measured_speedup(self) -> float | None:
@@ -126,10 +121,14 @@ class Report:
     def from_dict(cls, data: dict[str, Any]) -> Report:
         if not isinstance(data, dict):
             raise ValueError(f"a report is a JSON object, not a {type(data).__name__}")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(
-                f"report schema_version {data.get('schema_version')!r} is not supported; expected {SCHEMA_VERSION}"
-            )
+        version = data.get("schema_version")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"report schema_version {version!r} is not supported; expected one of {READABLE_VERSIONS}")
+        if version == 1:  # one `predicted_speedup` meant the change's prediction, or the verdict's estimate
+            verdict = data["verdict"] and {**data["verdict"]}
+            if verdict:
+                verdict["input_free_speedup"] = verdict.pop("predicted_speedup")
+            data = {**data, "verdict": verdict, "predicted_speedup": data["predicted_speedup"] if data["changes"] else None}
 
         def window(d: dict[str, Any] | None) -> WindowStats | None:
             return WindowStats.from_dict(d) if d else None
@@ -145,7 +144,7 @@ class Report:
             skipped=[Skipped(**s) for s in data["skipped"]],
             notes=list(data["notes"]),
             suggestions=list(data["suggestions"]),
-            predicted=data["predicted_speedup"] if data["changes"] else None,
+            predicted_speedup=data["predicted_speedup"],
             timeline=[WindowStats.from_dict(w) for w in data["timeline"]],
             steps_measured=data["steps_measured"],
             created=data["created"],

@@ -54,10 +54,18 @@ class Agreed:
     over_budget: bool
 
 
-def _local_vector(stats: WindowStats, mem: int | None, failed: bool, over_budget: bool) -> list[float]:
+def window_rate(stats: WindowStats, settings: LoaderSettings) -> Rate:
+    """The rate a window measured while the session had ``settings`` in place. The one seam between the measured
+    world and the search: tests replace it to put a live fit in a controlled world (DALI ten times faster, say), so
+    that what is kept does not depend on how busy the machine is."""
+    return Rate.of(stats)
+
+
+def _local_vector(stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
+                  over_budget: bool) -> list[float]:
     """Figures arranged so that the element-wise maximum across ranks is the agreed value (rates negated)."""
     res = stats.resources
-    rate = Rate.of(stats)
+    rate = window_rate(stats, settings)
     return [-rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
             -1.0 if res.cpu_main_pct is None else res.cpu_main_pct,
             -1.0 if res.cpu_workers_pct is None else res.cpu_workers_pct,
@@ -146,7 +154,7 @@ class LoaderSession:
         stats, self._pending = self._pending, None
         over_budget = self._elapsed() > self._budget_s
         mem = self._worker_memory() if self._switcher.current.num_workers else None
-        agreed = _agreed(self._agree(_local_vector(stats, mem, self._failure is not None, over_budget)))
+        agreed = _agreed(self._agree(_local_vector(stats, self._applied, mem, self._failure is not None, over_budget)))
         failure, self._failure = self._failure, None
         self._last_step_s = agreed.step_time_s
         {"before": self._on_before, "trial": self._on_trial, "after": self._on_after, "verify": self._on_verify}[

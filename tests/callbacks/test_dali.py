@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from tests.dali.images import Classifier, solid_folder, torchvision
-from tests.helpers import quiet_pipeopt, quiet_trainer_kwargs, run_ddp
+from tests.helpers import controlled_rates, quiet_pipeopt, quiet_trainer_kwargs, run_ddp
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (`pip install 'pipeopt[dali]'`; `make test` "
                     "runs these tests in .venv-vision)")
@@ -39,10 +39,13 @@ def dali_trials(callback):
     return [t for t in callback.report.trials if t.settings.get("dali")]
 
 
-def test_dali_is_tried_on_the_live_run_and_the_model_sees_what_it_would_have(images):
+def test_dali_is_tried_on_the_live_run_and_the_model_sees_what_it_would_have(images, monkeypatch):
+    from pipeopt.dali import DaliLoader
+
     plain, _ = fit([], images)
+    controlled_rates(monkeypatch, lambda s: 1000.0 if s.dali else 100.0)  # a world where DALI must be kept
     callback = quiet_pipeopt(tune=("dali",), window=4)
-    tuned, _ = fit([callback], images)
+    tuned, trainer = fit([callback], images)
     (trial, *again) = dali_trials(callback)
     assert trial.status == "ok" and trial.samples_per_s > 0 and trial.settings["dali"] == "cpu"
     assert tuned.seen == plain.seen  # every image once per epoch, in the user's shuffled order
@@ -50,12 +53,10 @@ def test_dali_is_tried_on_the_live_run_and_the_model_sees_what_it_would_have(ima
     # ToTensor divides by 255: ~1e-8 a pixel), so the weights are the same but for that rounding, carried over 72 steps
     for name, value in plain.state_dict().items():
         assert torch.allclose(value, tuned.state_dict()[name], rtol=0, atol=1e-4), name
-    changes = {c.knob: c.after for c in callback.report.changes}
-    if changes:  # DALI beat the DataLoader beyond noise and was kept, with the code to keep it
-        assert changes == {"dali": "cpu"}
-        assert callback.report.suggestions == ["pipeopt.dali.loader_from(train_loader, device='cpu')"]
-    else:
-        assert any("kept your loader settings" in n or "reverted" in n for n in callback.report.notes)
+    # kept, applied to the running fit, and reported with the code to keep it
+    assert {c.knob: c.after for c in callback.report.changes} == {"dali": "cpu"}
+    assert isinstance(trainer.train_dataloader, DaliLoader)
+    assert callback.report.suggestions == ["pipeopt.dali.loader_from(train_loader, device='cpu')"]
     assert psutil.Process().children() == []
 
 
@@ -93,7 +94,9 @@ def test_under_ddp_every_rank_tries_dali_on_its_own_shard(images, tmp_path):
     for rank in (0, 1):  # the DistributedSampler Lightning injected: its shard, in its order, epoch after epoch
         assert tuned[rank]["seen"] == plain[rank]["seen"]
     assert any(t.get("dali") == "cpu" for t in tuned[0]["trials"])
-    assert tuned[0]["trials"] == tuned[1]["trials"] and tuned[0]["changes"] == tuned[1]["changes"]
+    assert tuned[0]["trials"] == tuned[1]["trials"]
+    assert tuned[0]["changes"] == tuned[1]["changes"] == [["dali", "cpu"]]  # the script's world: DALI wins
+    assert tuned[0]["loader"] == tuned[1]["loader"] == "DaliLoader"  # applied on both ranks
 
 
 def test_loader_from_under_ddp_shards_itself_once_per_epoch(images, tmp_path):

@@ -78,11 +78,12 @@ def test_a_hanging_or_shm_starved_candidate_is_discarded(no_leaks, dataset_cls, 
     callback = tuner(budget_s=30)
     tuned, trainer = fit([callback], data)
     assert tuned.seen == plain.seen
+    # Which count is tried first follows the before-window's measured wait (tests/tuning/test_loader_search.py
+    # pins that rule on synthetic windows); on any machine, growth reaches a count of 2 or more, which fails here.
     failed = [t for t in callback.report.trials if t.status == "failed"]
-    # growth starts at 4 workers (the before-window waited most of each step), which fail; halved, 2 fail too
-    # (a hang costs its timeout and torch's join of each hung worker: the budget may run out before 2 are tried)
-    assert failed[0].settings["num_workers"] == 4 and all(error in t.error for t in failed)
-    assert all(t.settings["num_workers"] >= 2 for t in failed)
+    assert failed, "no candidate with 2 or more workers was tried"
+    assert all(error in t.error and t.settings["num_workers"] >= 2 for t in failed)
+    assert all(t.settings["num_workers"] < 2 for t in callback.report.trials if t.status == "ok")
     assert trainer.train_dataloader.num_workers < 2
 
 

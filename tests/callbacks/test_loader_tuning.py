@@ -8,7 +8,14 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs, resident_dataset
+from tests.helpers import (
+    Regressor,
+    SleepyDataset,
+    controlled_rates,
+    quiet_pipeopt,
+    quiet_trainer_kwargs,
+    resident_dataset,
+)
 
 
 tuner = quiet_pipeopt
@@ -69,8 +76,8 @@ def test_a_crashing_candidate_is_discarded_and_training_goes_on():
     callback = tuner(budget_s=30)
     tuned, trainer = fit([callback], data, epochs=1)
     assert tuned.seen == plain.seen  # every sample once, in order, despite the crash
-    failed = [t for t in callback.report.trials if t.status == "failed"]
-    assert failed and failed[0].settings["num_workers"] == 4  # the first count (most of each step waited)
+    failed = [t for t in callback.report.trials if t.status == "failed"]  # whichever count came first (it
+    assert failed  # follows the measured wait), growth reaches 2 or more workers, which crash here
     assert all("exited unexpectedly" in t.error and t.settings["num_workers"] >= 2 for t in failed)
     assert all(t.settings["num_workers"] < 2 for t in callback.report.trials if t.status == "ok")
     assert psutil.Process().children() == []
@@ -108,18 +115,38 @@ def test_an_iterable_dataset_is_left_alone_and_yields_each_record_once_per_epoch
 
 
 def test_a_tuned_run_reports_its_changes_and_the_code_to_keep_them():
-    data = SleepyDataset(n=8192, delay_s=0.004)
-    callback = tuner(window=6, budget_s=3)
-    fit([callback], data, epochs=2)
+    # 50 ms of storage latency per sample: loading a batch of 8 takes 0.4 s in the main process and sleeping
+    # workers overlap it whatever else the machine runs, so more workers must win and be kept. Growth would go on
+    # towards dozens of workers (the wait never vanishes against this tiny step): the budget ends the search, and
+    # the fit stops once the after-window has confirmed the choice.
+    data = SleepyDataset(n=4096, delay_s=0.05)
+    callback = tuner(window=4, budget_s=6, stop_when_tuned=True)
+    pl.seed_everything(3, verbose=False)
+    trainer = pl.Trainer(max_steps=5000, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Regressor(), DataLoader(data, batch_size=8, shuffle=True))
     report = callback.report
     assert report.mode == "tune"
     assert not any("ended before loader tuning finished" in n for n in report.notes)
-    if report.changes:  # a shared machine may leave no setting faster beyond noise: then nothing changes
-        knobs = {c.knob: c.after for c in report.changes}
-        assert knobs["num_workers"] > 0
-        assert report.suggestions == [
-            "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in report.changes) + ")"
-        ]
-        assert report.measured_speedup is not None and report.predicted_speedup is not None
-    else:
-        assert any("reverted" in n or "kept your loader settings" in n for n in report.notes)
+    knobs = {c.knob: c.after for c in report.changes}
+    assert knobs["num_workers"] > 0
+    assert trainer.train_dataloader.num_workers == knobs["num_workers"]  # kept and applied to the running fit
+    assert report.suggestions == [
+        "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in report.changes) + ")"
+    ]
+    assert report.predicted_speedup is not None and report.measured_speedup > 1.5  # loose: ideal is ~4x or more
+
+
+def test_which_setting_is_kept_follows_the_measurements(monkeypatch):
+    # A controlled world: 1 worker is 1.5x the main process, 2 or more are 3x and tie with each other. Whichever
+    # counts the search tries (its first, and how far it grows, follow the real wait), it keeps the cheapest of the
+    # tied best - at least 2 workers - applies it to the running fit, and confirms it with an after-window.
+    controlled_rates(monkeypatch, lambda s: {0: 100.0, 1: 150.0}.get(s.num_workers, 300.0))
+    callback = tuner(budget_s=120, stop_when_tuned=True)
+    _, trainer = fit([callback], SleepyDataset(n=512, delay_s=0.002), epochs=50)
+    report = callback.report
+    assert not any("ended before loader tuning finished" in n for n in report.notes)
+    tried = {t.settings["num_workers"] for t in report.trials if t.status == "ok"}
+    kept = {c.knob: c.after for c in report.changes}
+    assert kept["num_workers"] == min(n for n in tried if n >= 2)
+    assert trainer.train_dataloader.num_workers == kept["num_workers"]
+    assert report.measured_speedup is not None

@@ -29,7 +29,7 @@ def test_storage_latency_run_is_input_bound():
     report = callback.report
     assert report.before.data_wait_frac > 0.5
     assert report.verdict.kind == "input-bound"
-    assert report.verdict.predicted_speedup > 2
+    assert report.verdict.input_free_speedup > 2
     assert report.before.samples == 5 * 8
 
 
@@ -99,7 +99,7 @@ def test_validation_time_is_not_counted_as_training_time():
         def validation_step(self, batch, batch_idx):
             import time
 
-            time.sleep(0.2)
+            time.sleep(0.5)
 
     callback = observe(window=4, warmup=1)
     trainer = pl.Trainer(max_steps=16, val_check_interval=3, limit_val_batches=1, num_sanity_val_steps=0,
@@ -107,7 +107,9 @@ def test_validation_time_is_not_counted_as_training_time():
     trainer.fit(SlowValidation(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4),
                 DataLoader(SleepyDataset(n=8, delay_s=0.0), batch_size=4))
     assert len(callback.windows) >= 3
-    assert max(w.step_time_s for w in callback.windows) < 0.05
+    # a validation every 3 steps costs 0.5 s: counted, it would add over 0.12 s to every step of a window; the
+    # steps themselves (a tiny MLP on 4 samples) take milliseconds even on a busy machine
+    assert max(w.step_time_s for w in callback.windows) < 0.1
 
 
 def test_dali_is_skipped_with_its_reason_for_a_dataset_it_cannot_rebuild():

@@ -8,7 +8,7 @@ from rich.console import Console
 from torch.utils.data import DataLoader
 
 from pipeopt import PipeOpt
-from tests.helpers import Regressor, SleepyDataset, quiet_trainer_kwargs
+from tests.helpers import Regressor, SleepyDataset, controlled_rates, quiet_trainer_kwargs
 
 
 def run(tmp_path, epochs, ckpt_path=None):
@@ -23,17 +23,18 @@ def run(tmp_path, epochs, ckpt_path=None):
     return callback, trainer
 
 
-def test_resume_applies_the_tuned_settings_with_zero_trials(tmp_path):
+def test_resume_applies_the_tuned_settings_with_zero_trials(tmp_path, monkeypatch):
+    controlled_rates(monkeypatch, lambda s: 300.0 if s.num_workers else 100.0)  # workers must win and be kept
     first, trainer = run(tmp_path, epochs=2)
     assert first.report.trials, "the first run tuned"
     assert not any("ended before loader tuning finished" in n for n in first.report.notes)
     kept = {c.knob: c.after for c in first.report.changes}
+    assert kept["num_workers"] > 0 and trainer.train_dataloader.num_workers == kept["num_workers"]
     resumed, trainer2 = run(tmp_path, epochs=3, ckpt_path=tmp_path / "last.ckpt")
     assert resumed.report.trials == []
     assert {c.knob: c.after for c in resumed.report.changes} == kept
     loader = trainer2.train_dataloader
-    expected = kept.get("num_workers", 0)
-    assert loader.num_workers == expected
+    assert loader.num_workers == kept["num_workers"]
     assert any("resumed from a checkpoint" in note for note in resumed.report.notes)
 
 

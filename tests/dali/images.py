@@ -69,7 +69,8 @@ class Classifier(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
-        assert labels.dtype == torch.int64
+        if labels.dtype != torch.int64:  # what a DataLoader over an ImageFolder yields; DALI's must match
+            raise TypeError(f"labels arrived as {labels.dtype}, not torch.int64")
         self.seen.extend(indices_of(images))
         return nn.functional.cross_entropy(self.net(images), labels)
 

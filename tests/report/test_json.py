@@ -22,7 +22,7 @@ def full_report():
         changes=[Change("num_workers", 0, 2, "fastest within noise")],
         trials=[Trial({"num_workers": 2}, 640.0, 0.02, "ok"), Trial({"num_workers": 8}, None, None, "failed", "worker crashed")],
         skipped=[Skipped("dali", "DALI is not installed")], notes=["a note"], timeline=[before, after], steps_measured=45,
-        suggestions=["DataLoader(..., num_workers=2)"], predicted=1.9,
+        suggestions=["DataLoader(..., num_workers=2)"], predicted_speedup=1.9,
     )
 
 
@@ -42,6 +42,19 @@ def test_observe_report_without_windows_matches_the_schema(tmp_path):
     data = json.loads(path.read_text())
     jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
     assert data["before"] is None and data["measured_speedup"] is None
+
+
+def test_a_version_1_report_reads_with_its_one_predicted_speedup_split_in_two(tmp_path):
+    data = full_report().to_dict()
+    data["schema_version"] = 1
+    data["verdict"]["predicted_speedup"] = data["verdict"].pop("input_free_speedup")
+    data["changes"] = []  # without a change, version 1 put the verdict's estimate here
+    data["predicted_speedup"] = data["verdict"]["predicted_speedup"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(data))
+    report = read_report(path)
+    assert report.predicted_speedup is None
+    assert report.verdict.input_free_speedup == pytest.approx(data["verdict"]["predicted_speedup"])
 
 
 def test_a_foreign_schema_version_is_refused(tmp_path):

@@ -102,9 +102,9 @@ def test_an_after_window_that_is_not_faster_reverts_to_the_users_loader():
 
 def test_the_local_vector_orders_figures_for_an_elementwise_maximum():
     w = window(250.0, 0.3)
-    v = _local_vector(w, mem=None, failed=False, over_budget=True)
+    v = _local_vector(w, USER, mem=None, failed=False, over_budget=True)
     assert v[0] == -250.0 and v[2] == w.step_time_s and v[3] == 0.3 and v[7] == -1.0 and v[-1] == 1.0
-    agreed = _agreed([max(a, b) for a, b in zip(v, _local_vector(window(200.0, 0.5), mem=None, failed=False,
+    agreed = _agreed([max(a, b) for a, b in zip(v, _local_vector(window(200.0, 0.5), USER, mem=None, failed=False,
                                                                    over_budget=False))])
     assert agreed.rate.value == 200.0 and agreed.data_wait_frac == 0.5 and agreed.over_budget  # the worst of each
 
