@@ -8,19 +8,72 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from collections.abc import Iterator
 from importlib import metadata
+from types import ModuleType
 from typing import Any
 
-try:  # `pytorch-lightning` is the declared dependency; `lightning` is a separate install with distinct classes.
-    import pytorch_lightning as _pl
-except ImportError:  # pragma: no cover - only when a user installed `lightning` alone
-    import lightning.pytorch as _pl  # type: ignore[no-redef]
+# `rank_zero_warn` is lightning_utilities' own, shared by both Lightning distributions: importing it imports neither.
+from lightning_utilities.core.rank_zero import rank_zero_warn  # noqa: F401  (re-exported)
 
-from pytorch_lightning.utilities import rank_zero_warn  # noqa: E402, F401  (a public re-export)
+# ---------------------------------------------------------------------------------------------------------------
+# Which Lightning. `pytorch-lightning` installs `pytorch_lightning`, `lightning` installs `lightning.pytorch`: distinct
+# classes, and a shared rank-zero logger that follows whichever was imported last. pipeopt imports neither at import
+# time and never the one a program does not use.
 
-#: Base class of the callback. A callback subclassing either namespace's ``Callback`` runs under both Trainers.
-Callback = _pl.Callback
+#: The two namespaces, by import name.
+NAMESPACES = ("pytorch_lightning", "lightning.pytorch")
+#: Where each keeps its Trainer class (patched by ``pipeopt tune`` as soon as it is imported).
+TRAINER_MODULES = {"pytorch_lightning.trainer.trainer": "pytorch_lightning",
+                   "lightning.pytorch.trainer.trainer": "lightning.pytorch"}
+
+
+def lightning_in_use() -> ModuleType:
+    """The Lightning namespace this program trains with, importing nothing new when one is loaded: the one already
+    imported (the later one where both are), else ``pytorch_lightning`` (pipeopt's declared dependency), else
+    ``lightning.pytorch``."""
+    loaded = [name for name in sys.modules if name in NAMESPACES]  # in import order
+    if loaded:
+        return sys.modules[loaded[-1]]
+    try:
+        return importlib.import_module("pytorch_lightning")
+    except ImportError:
+        return importlib.import_module("lightning.pytorch")
+
+
+def namespace_of(trainer: Any) -> ModuleType:
+    """The Lightning namespace a Trainer (or any of its objects) belongs to."""
+    module = type(trainer).__module__
+    name = next((ns for ns in NAMESPACES if module == ns or module.startswith(ns + ".")), None)
+    return sys.modules[name] if name is not None else lightning_in_use()
+
+
+_CALLBACK_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def as_callback_class(cls: type, namespace: str | None = None) -> type:
+    """``cls`` when it already derives from a loaded Lightning ``Callback``; otherwise ``cls`` joined with the
+    ``Callback`` of ``namespace`` (default: the Lightning in use), made once per pair, named and pickled as ``cls``.
+    A callback of either namespace runs under both Trainers."""
+    for name in NAMESPACES:
+        module = sys.modules.get(name)
+        if module is not None and issubclass(cls, module.Callback):
+            return cls
+    lightning = importlib.import_module(namespace) if namespace else lightning_in_use()
+    base = lightning.Callback
+    made = _CALLBACK_CLASSES.get((cls, base))
+    if made is None:
+        made = type(cls.__name__, (cls, base), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                               "__doc__": cls.__doc__, "_lightning_namespace": lightning.__name__})
+        _CALLBACK_CLASSES[(cls, base)] = made
+    return made
+
+
+def new_callback(cls: type, namespace: str) -> Any:
+    """Unpickling: an empty instance of ``cls`` joined with ``namespace``'s ``Callback`` (see ``as_callback_class``)."""
+    return object.__new__(as_callback_class(cls, namespace))
+
 
 # Profiler action names the training loop uses (Trainer.profiler is the loop's own, public, timing seam):
 #: ``_DataFetcher.__next__`` wraps exactly ``next(iterator)`` of the train loader in this action.
@@ -29,15 +82,10 @@ FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
 COMPUTE_ACTION = "run_training_batch"
 
 
-def trainer_classes() -> list[type]:
-    """The Trainer classes of every installed Lightning namespace (``pytorch_lightning``, ``lightning.pytorch``)."""
-    found = []
-    for module in ("pytorch_lightning", "lightning.pytorch"):
-        try:
-            found.append(importlib.import_module(module).Trainer)
-        except ImportError:
-            continue
-    return found
+def logger_step(trainer: Any) -> int:
+    """The step Lightning's loggers give the batch whose ``on_train_batch_end`` is running: batches that stepped an
+    optimizer before it (``_TrainingEpochLoop._batches_that_stepped``, incremented after that hook)."""
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 def transfer_action(trainer: Any) -> str:
@@ -241,14 +289,13 @@ def precision_of(trainer: Any) -> str:
     return str(trainer.strategy.precision_plugin.precision)
 
 
-def precision_plugin(precision: str, device_type: str) -> Any:
-    """A fresh plugin for ``precision``: autocast-style ``MixedPrecision`` for the mixed ones (``16-mixed`` with its
-    own gradient scaler), the plain ``Precision`` for ``32-true``."""
-    from pytorch_lightning.plugins.precision import MixedPrecision, Precision
-
+def precision_plugin(trainer: Any, precision: str, device_type: str) -> Any:
+    """A fresh plugin for ``precision`` from the trainer's own Lightning namespace: autocast-style ``MixedPrecision``
+    for the mixed ones (``16-mixed`` with its own gradient scaler), the plain ``Precision`` for ``32-true``."""
+    plugins = importlib.import_module(namespace_of(trainer).__name__ + ".plugins.precision")
     if precision == "32-true":
-        return Precision()
-    return MixedPrecision(precision, device_type)  # type: ignore[arg-type]
+        return plugins.Precision()
+    return plugins.MixedPrecision(precision, device_type)
 
 
 def set_precision_plugin(trainer: Any, plugin: Any) -> None:

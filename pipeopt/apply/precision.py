@@ -32,9 +32,9 @@ def unsupported(trainer: Any, module: Any) -> str | None:
     return None
 
 
-def probe_step(module: Any, batch: Any, batch_idx: int, precision: str, device_type: str) -> Callable[[], torch.Tensor]:
+def probe_step(trainer: Any, module: Any, batch: Any, batch_idx: int, precision: str) -> Callable[[], torch.Tensor]:
     """One forward + backward of ``training_step`` on ``batch`` under ``precision`` (its autocast and scaler)."""
-    plugin = _compat.precision_plugin(precision, device_type)
+    plugin = _compat.precision_plugin(trainer, precision, trainer.strategy.root_device.type)
 
     def step() -> torch.Tensor:
         module.zero_grad(set_to_none=True)
@@ -59,7 +59,7 @@ def probe_precisions(trainer: Any, module: Any, batch: Any, batch_idx: int, *, t
         for precision in candidates(device.type, bf16):
             sandbox.rewind_rng()  # every candidate's runs draw the same dropout masks: losses compare like for like
             try:
-                rate, losses = timing(precision, probe_step(module, batch, batch_idx, precision, device.type),
+                rate, losses = timing(precision, probe_step(trainer, module, batch, batch_idx, precision),
                                       device=device, repeats=repeats)
                 trials.append(PrecisionTrial(precision, rate, losses))
             except (RuntimeError, TypeError) as err:  # an op without a kernel for the dtype, OOM, no loss
@@ -72,4 +72,4 @@ def probe_precisions(trainer: Any, module: Any, batch: Any, batch_idx: int, *, t
 
 
 def apply_precision(trainer: Any, precision: str) -> None:
-    _compat.set_precision_plugin(trainer, _compat.precision_plugin(precision, trainer.strategy.root_device.type))
+    _compat.set_precision_plugin(trainer, _compat.precision_plugin(trainer, precision, trainer.strategy.root_device.type))

@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 
 from pipeopt import _compat
-from pipeopt._compat import Callback, rank_zero_warn
+from pipeopt._compat import rank_zero_warn
 from pipeopt.apply.loader import LoaderSwitcher, dali_blocker, live_ready_batches, unsupported
 from pipeopt.cache import TunedCache, default_path, fingerprint
 from pipeopt.callbacks.fingerprint import fit_parts
@@ -40,7 +40,7 @@ from pipeopt.verdict import judge
 STATE_VERSION = 1
 
 
-class PipeOpt(Callback):
+class PipeOpt:
     """Measure where a training step's time goes, and report it.
 
     Per optimizer step it times the wait for the next batch, the transfer to the device and the compute
@@ -68,7 +68,20 @@ class PipeOpt(Callback):
         stop_when_tuned: stop the fit cleanly once tuning and its after-window are done (``pipeopt tune``).
         console: where the table is printed (default: a new ``rich.console.Console``).
         clock: host clock, seconds (injectable for tests).
+
+    A Lightning callback of whichever Lightning the program uses (``lightning.pytorch`` or ``pytorch_lightning``):
+    the instance's class joins the ``Callback`` of the one already imported, so pipeopt never imports the other.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PipeOpt:
+        return super().__new__(_compat.as_callback_class(cls))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled (``ddp_spawn``, ``copy.deepcopy``) as the user's class and the Lightning namespace it joined."""
+        namespace = type(self).__dict__.get("_lightning_namespace")
+        if namespace is None:  # a subclass that names its Lightning Callback base itself pickles as usual
+            return super().__reduce_ex__(protocol)
+        return (_compat.new_callback, (type(self).__mro__[1], namespace), self.__dict__)
 
     def __init__(
         self,
@@ -113,6 +126,7 @@ class PipeOpt(Callback):
         self._sampler: NvmlSampler | None = None
         self._previous_profiler: Any = None
         self._step_at_batch_start = 0
+        self._log_step = 0  # the logger step of the last batch trained (Lightning's numbering)
         self._skipped: list[Skipped] = []
         self._env: environment.Environment | None = None
         self._switcher: LoaderSwitcher | None = None
@@ -263,6 +277,13 @@ class PipeOpt(Callback):
         tensor = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
         return trainer.strategy.reduce(tensor, reduce_op="max").tolist()
 
+    def _log(self, trainer: Any, metrics: dict[str, float]) -> None:
+        """``pipeopt/...`` metrics to the Trainer's loggers, at the step of the last batch trained - nothing when
+        there is nothing to log."""
+        if metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=self._log_step)
+
     def _skip(self, group: str, reason: str) -> None:
         self._skipped.append(Skipped(group, reason))
         rank_zero_warn(f"PipeOpt: not tuning the {group}: {reason}.")
@@ -296,6 +317,7 @@ class PipeOpt(Callback):
         self._step_at_batch_start = trainer.global_step
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._log_step = _compat.logger_step(trainer)  # a window closing in this batch describes this step
         if self._timer is not None:
             self._timer.batch_ended(batch_size(batch), trainer.global_step > self._step_at_batch_start)
         if self._session is not None:
@@ -320,9 +342,7 @@ class PipeOpt(Callback):
             self._session.on_window(stats)
         trainer = self._trainer
         if trainer is not None and trainer.is_global_zero:
-            metrics = window_metrics(stats)
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+            self._log(trainer, window_metrics(stats))
 
     # -- the report ---------------------------------------------------------------------------------------
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
@@ -338,8 +358,7 @@ class PipeOpt(Callback):
         if not trainer.is_global_zero:
             return
         self._remember(report)
-        for logger in trainer.loggers:
-            logger.log_metrics(summary_metrics(report), step=trainer.global_step)
+        self._log(trainer, summary_metrics(report))
         print_report(report, self._console)
         if self.config.report_dir is not None:
             try:

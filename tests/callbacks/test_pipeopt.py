@@ -190,3 +190,45 @@ def test_works_under_the_lightning_namespace():
     trainer.fit(Model(), DataLoader(SleepyDataset(delay_s=0.002), batch_size=4))
     assert callback.report.before.data_wait_frac > 0.5
     assert not isinstance(trainer.profiler, ProfilerTap)
+
+
+def _logged_calls(tmp_path, callbacks):
+    from unittest.mock import Mock
+
+    class Logs(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("user_loss", loss)
+            return loss
+
+    logger = Mock()
+    logger.save_dir = tmp_path
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(max_steps=12, log_every_n_steps=1, callbacks=callbacks,
+                         **quiet_trainer_kwargs(logger=logger))
+    trainer.fit(Logs(), DataLoader(SleepyDataset(delay_s=0.001), batch_size=4))
+    return [(c.args, c.kwargs) for c in logger.log_metrics.mock_calls]
+
+
+def _metrics(call):
+    args, kwargs = call
+    return kwargs.get("metrics", args[0] if args else None)
+
+
+def _step(call):
+    args, kwargs = call
+    return kwargs.get("step", args[1] if len(args) > 1 else None)
+
+
+@pytest.mark.parametrize("window", [3, 50], ids=["windows", "no-window"])
+def test_the_users_loggers_get_the_plain_runs_calls_plus_pipeopt_metrics_at_their_steps(tmp_path, window):
+    plain = _logged_calls(tmp_path, [])
+    observed = _logged_calls(tmp_path, [observe(window=window, warmup=1)])
+    ours = [c for c in observed if any(k.startswith("pipeopt/") for k in _metrics(c))]
+    theirs = [c for c in observed if c not in ours]
+    assert [_step(c) for c in theirs] == [_step(c) for c in plain]  # the user's own calls, untouched
+    assert [sorted(_metrics(c)) for c in theirs] == [sorted(_metrics(c)) for c in plain]
+    for call in ours:  # never empty, only pipeopt's keys, at a step the run logged anyway
+        assert _metrics(call) and all(k.startswith("pipeopt/") for k in _metrics(call))
+        assert _step(call) in {_step(c) for c in plain}
+    assert (len(ours) > 0) == (window == 3)  # 12 steps hold windows of 3, not of 50: then nothing at all

@@ -2,7 +2,7 @@ from unittest.mock import MagicMock
 
 import pytest
 
-from pipeopt._compat import _pl
+import pytorch_lightning as _pl
 from pipeopt.measure.tap import ProfilerTap
 
 
