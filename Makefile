@@ -16,7 +16,7 @@ VPY         := $(VISION_VENV)/bin/python
 VISION_STAMP := $(VISION_VENV)/.pipeopt-installed
 DALI_TESTS  := tests/dali tests/callbacks/test_dali.py
 
-.PHONY: install browser demo test test-repeat bench bench-dali clean
+.PHONY: install browser demo test test-repeat test-lightning bench bench-dali clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,25 @@ LOAD ?= 0
 test-repeat: $(STAMP) $(VISION_STAMP) browser
 	@bash tests/repeat.sh $(N) $(LOAD)
 
+# Lightning's own tests (a CPU subset) with PipeOpt attached to every Trainer, observe-only and with the default
+# groups; prints the tests that fail only with PipeOpt. Not part of `make test`: Lightning's test sources are not on
+# PyPI. LIGHTNING_TESTS is the tests/ folder of a Lightning-AI/pytorch-lightning checkout, e.g. from
+#   git clone https://github.com/Lightning-AI/pytorch-lightning && git -C pytorch-lightning checkout 2.6.5
+LIGHTNING_TESTS   ?=
+LIGHTNING_VERSION ?= 2.6.6
+LVENV             ?= .venv-lightning
+LIGHTNING_STAMP   := $(LVENV)/.pipeopt-installed
+$(LIGHTNING_STAMP): pyproject.toml Makefile
+	test -x $(LVENV)/bin/python || $(PYTHON) -m venv $(LVENV)
+	$(LVENV)/bin/python -m pip install -q $(TORCH)
+	$(LVENV)/bin/python -m pip install -q -e . "lightning==$(LIGHTNING_VERSION)" pytest pytest-timeout jsonargparse \
+	  cloudpickle psutil scikit-learn tensorboard
+	touch $(LIGHTNING_STAMP)
+
+test-lightning: $(LIGHTNING_STAMP)
+	@test -n "$(LIGHTNING_TESTS)" || { echo "make test-lightning LIGHTNING_TESTS=<the tests/ folder of a Lightning checkout>"; exit 2; }
+	$(LVENV)/bin/python tests/lightning/run_suite.py $(LIGHTNING_TESTS) --out benchmarks/results/lightning_suite.json
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.run all
 
@@ -62,4 +81,4 @@ bench-dali: $(VISION_STAMP)
 	$(VPY) -m benchmarks.dali_decode
 
 clean:
-	rm -rf $(VENV) $(VISION_VENV) pipeopt_reports .pytest_cache .test-repeat
+	rm -rf $(VENV) $(VISION_VENV) $(LVENV) pipeopt_reports .pytest_cache .test-repeat

@@ -77,13 +77,13 @@ def quiet_pipeopt(**kwargs: Any):
 
 def controlled_rates(monkeypatch: Any, rate_of: Any) -> None:
     """Put the loader search of a real fit in a controlled world: every window it judges measures
-    ``rate_of(settings)`` samples/s (1 % noise) for the loader settings in place, however busy the machine is. The
-    fit, its data and its order stay real; only the figures the search decides on are fixed, so a test can assert
-    which setting is kept (``pipeopt.tuning.session.window_rate`` is the seam)."""
-    from pipeopt.tuning import session
-    from pipeopt.tuning.noise import Rate
+    ``rate_of(in_place)`` samples/s (1 % noise) for what was tried in it (the loader settings, or a precision such
+    as ``"bf16-mixed"``), however busy the machine is. The fit, its data and its order stay real; only the figures
+    the decisions are made on are fixed, so a test can assert which setting is kept (the seam:
+    ``pipeopt.tuning.noise.window_rate``)."""
+    from pipeopt.tuning import noise
 
-    monkeypatch.setattr(session, "window_rate", lambda stats, settings: Rate(float(rate_of(settings)), 0.01))
+    monkeypatch.setattr(noise, "window_rate", lambda stats, in_place: noise.Rate(float(rate_of(in_place)), 0.01))
 
 
 def quiet_trainer_kwargs(**overrides: Any) -> dict[str, Any]:

@@ -10,16 +10,17 @@ compared by speed only (``DeviceMemory`` is the seam where a probe can be inject
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_collate
 
 from pipeopt import _compat
 from pipeopt.apply.loader import loader_like
-from pipeopt.measure.batch import batch_size
+from pipeopt.measure.batch import batch_size, concat_batches, slice_batch
 from pipeopt.measure.sandbox import Sandbox, time_probe, training_loss
 from pipeopt.tuning.batch import BatchPlan, BatchProbe, plans
 
@@ -63,11 +64,33 @@ def unsupported(trainer: Any, module: Any, loader: Any) -> str | None:
         return "the train loader is not a map-style torch DataLoader"
     if loader.batch_size is None or not isinstance(loader.batch_sampler, BatchSampler):
         return "the train loader has a custom batch sampler: its batch size is not known"
-    if trainer.limit_train_batches != 1.0:
+    if getattr(trainer, "fast_dev_run", False):
+        return "fast_dev_run promises exactly its number of training steps"
+    if getattr(trainer, "overfit_batches", 0):
+        return "overfit_batches replays fixed batches: a different micro-batch would change them"
+    limit = trainer.limit_train_batches
+    if not (isinstance(limit, float) and limit == 1.0):  # an int 1 means one batch, not all of them
         return "limit_train_batches is set: a different micro-batch would change how many samples an epoch has"
-    if not isinstance(trainer.val_check_interval, float):
-        return "val_check_interval counts batches: a different micro-batch would move validation"
+    if not isinstance(getattr(trainer, "val_check_interval", None), float):
+        return "val_check_interval counts batches or time: a different micro-batch would move validation"
+    if "dataloader_iter" in _parameters(module.training_step):
+        return "training_step takes the dataloader iterator and fetches its own batches"
+    needs_closure = [type(o).__name__ for o in trainer.optimizers if _required(o.step, "closure")]
+    if needs_closure:
+        return f"the optimizer ({', '.join(needs_closure)}) steps only with a closure"
     return None
+
+
+def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or C function without a signature
+        return {}
+
+
+def _required(fn: Any, name: str) -> bool:
+    parameter = _parameters(fn).get(name)
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def has_batchnorm(module: torch.nn.Module) -> bool:
@@ -118,18 +141,6 @@ def _recut(indices: Iterator[list[int]], size: int, micro: int) -> Iterator[list
         yield merged
 
 
-def _concat(parts: list[Any]) -> Any:
-    first = parts[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat(parts)
-    if isinstance(first, (list, tuple)):
-        items = [_concat([p[i] for p in parts]) for i in range(len(first))]
-        return type(first)(*items) if hasattr(first, "_fields") else type(first)(items)
-    if isinstance(first, dict):
-        return {k: _concat([p[k] for p in parts]) for k in first}
-    return first
-
-
 class Recut(Iterator[Any]):
     """The running epoch's batches, already collated at the user's size, re-cut into the plan's micro-batches:
     each split in order, or ``micro // size`` consecutive ones concatenated. Used for the epoch in progress when a
@@ -152,7 +163,7 @@ class Recut(Iterator[Any]):
         if self._micro <= self._size:
             batch = next(self._it)
             n = batch_size(batch) or 0
-            self._pending = [_slice(batch, i, i + self._micro) for i in range(0, n, self._micro)]
+            self._pending = [slice_batch(batch, i, i + self._micro) for i in range(0, n, self._micro)]
             return self._pending.pop(0)
         parts = []
         for _ in range(self._micro // self._size):
@@ -162,7 +173,7 @@ class Recut(Iterator[Any]):
                 break
         if not parts:
             raise StopIteration
-        return _concat(parts)
+        return concat_batches(parts)
 
     def _shutdown_workers(self) -> None:
         """Stop the user's loader's workers (it is not used after this epoch)."""
@@ -183,17 +194,6 @@ def sample_batch(trainer: Any, loader: DataLoader, size: int) -> Any:
     return trainer.strategy.batch_to_device(batch)
 
 
-def _slice(batch: Any, start: int, stop: int) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop]
-    if isinstance(batch, (list, tuple)):
-        items = [_slice(b, start, stop) for b in batch]
-        return type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)
-    if isinstance(batch, dict):
-        return {k: _slice(v, start, stop) for k, v in batch.items()}
-    return batch
-
-
 def plan_step(module: Any, optimizers: list[Any], batch: Any, plan: BatchPlan) -> Callable[[], torch.Tensor]:
     """One optimizer step of ``plan`` on ``batch`` (``plan.effective`` samples): forward + backward of each
     micro-batch, losses scaled by the accumulation as Lightning does, then the optimizer step."""
@@ -202,7 +202,7 @@ def plan_step(module: Any, optimizers: list[Any], batch: Any, plan: BatchPlan) -
         module.zero_grad(set_to_none=True)
         total = torch.zeros(())
         for i in range(plan.accumulate):
-            micro = _slice(batch, i * plan.micro, (i + 1) * plan.micro)
+            micro = slice_batch(batch, i * plan.micro, (i + 1) * plan.micro)
             loss = training_loss(module, micro, i)
             (loss / plan.accumulate).backward()
             total = total + loss.detach().float().cpu()
@@ -213,16 +213,24 @@ def plan_step(module: Any, optimizers: list[Any], batch: Any, plan: BatchPlan) -
     return step
 
 
+def joins_batches(loader: DataLoader) -> bool:
+    """Whether the loader's batches may be joined into larger micro-batches: only torch's default collate, whose
+    batches always stack; a custom ``collate_fn`` may pad each batch to its own length (ragged), and joining those
+    would need padding values only it knows. Splitting is always faithful: the same samples, padded as collated."""
+    return loader.collate_fn is default_collate
+
+
 def probe_plans(trainer: Any, module: Any, batch: Any, user: BatchPlan, *, memory: DeviceMemory | None = None,
-                repeats: int = 3) -> list[BatchProbe]:
-    """Peak memory and samples/s of each plan (largest micro-batch first) on ``batch``; everything restored."""
+                repeats: int = 3, join: bool = True) -> list[BatchProbe]:
+    """Peak memory and samples/s of each plan (largest micro-batch first) on ``batch``; everything restored. Plans
+    that join the user's batches are left out unless ``join``."""
     memory = memory or MEMORY
     device = trainer.strategy.root_device
     optimizers = list(trainer.optimizers)
     probes = []
     with Sandbox(module, optimizers), _compat.no_logging(module):
         for plan in plans(user):
-            if plan.micro * MAX_SPLIT < user.micro:
+            if plan.micro * MAX_SPLIT < user.micro or (plan.micro > user.micro and not join):
                 continue
             step = plan_step(module, optimizers, batch, plan)
             try:

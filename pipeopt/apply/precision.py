@@ -1,75 +1,57 @@
-"""Probing precisions on a real batch of the run (sandboxed), and switching the running fit to the winner."""
+"""Switching the running fit's precision between optimizer steps, and reading what a step trained on.
+
+Autocast-style plugins only (``Precision`` for ``32-true``, ``MixedPrecision`` for ``bf16-mixed`` / ``16-mixed``):
+they hold no state in the model, so the strategy's plugin can be swapped between two optimizer steps and the next
+step runs under the new one (``16-mixed`` brings a fresh gradient scaler).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from pipeopt import _compat
-from pipeopt.measure.sandbox import Sandbox, time_probe, training_loss
-from pipeopt.tuning.noise import Rate
-from pipeopt.tuning.precision import PrecisionTrial, candidates
-
-#: ``timing(precision, step, device=, repeats=)`` runs and times a probe step: its rate and its losses.
-Timing = Callable[..., "tuple[Rate, tuple[float, ...]]"]
-
-
-def _time(precision: str, step: Callable[[], torch.Tensor], **kwargs: Any) -> tuple[Rate, tuple[float, ...]]:
-    return time_probe(step, **kwargs)
 
 
 def unsupported(trainer: Any, module: Any) -> str | None:
-    """Why pipeopt leaves this run's precision alone (None when it may tune it)."""
+    """Why pipeopt leaves this run's precision alone (None when it may try others on the live run)."""
     current = _compat.precision_of(trainer)
     if current != "32-true":
         return f"you chose precision={current!r}; pipeopt respects it"
+    plugin = type(trainer.strategy.precision_plugin).__name__
+    if plugin != "Precision":
+        return f"the strategy brings its own precision plugin ({plugin}); pipeopt does not replace it"
     if not getattr(module, "automatic_optimization", True):
-        return "the module uses manual optimization: a probe of training_step would step its optimizers"
+        return "the module uses manual optimization: pipeopt cannot watch the loss its steps train on"
     if trainer.world_size > 1 and trainer.strategy.root_device.type != "cuda":
-        return "mixed precision is only probed on CUDA or a single CPU process"
+        return "mixed precision is tried on CUDA, or on the CPU in a single process"
     return None
 
 
-def probe_step(trainer: Any, module: Any, batch: Any, batch_idx: int, precision: str) -> Callable[[], torch.Tensor]:
-    """One forward + backward of ``training_step`` on ``batch`` under ``precision`` (its autocast and scaler)."""
-    plugin = _compat.precision_plugin(trainer, precision, trainer.strategy.root_device.type)
-
-    def step() -> torch.Tensor:
-        module.zero_grad(set_to_none=True)
-        with plugin.forward_context():
-            loss = training_loss(module, batch, batch_idx)
-        scaled = plugin.scaler.scale(loss) if getattr(plugin, "scaler", None) is not None else loss
-        scaled.backward()
-        return loss
-
-    return step
-
-
-def probe_precisions(trainer: Any, module: Any, batch: Any, batch_idx: int, *, timing: Timing | None = None,
-                     repeats: int = 5) -> list[PrecisionTrial]:
-    """Each candidate precision's probe rate and losses on this batch; model, optimizers and RNGs untouched.
-    ``timing`` (default: ``time_probe``, device-synchronised) runs and times each probe."""
-    timing = timing or _time
-    device = trainer.strategy.root_device
-    bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    trials = []
-    with Sandbox(module, trainer.optimizers) as sandbox, _compat.no_logging(module):
-        for precision in candidates(device.type, bf16):
-            sandbox.rewind_rng()  # every candidate's runs draw the same dropout masks: losses compare like for like
-            try:
-                rate, losses = timing(precision, probe_step(trainer, module, batch, batch_idx, precision),
-                                      device=device, repeats=repeats)
-                trials.append(PrecisionTrial(precision, rate, losses))
-            except (RuntimeError, TypeError) as err:  # an op without a kernel for the dtype, OOM, no loss
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-                trials.append(PrecisionTrial(precision, None, error=error))
-        module.zero_grad(set_to_none=True)
-    return trials
-
-
 def apply_precision(trainer: Any, precision: str) -> None:
-    _compat.set_precision_plugin(trainer, _compat.precision_plugin(trainer, precision, trainer.strategy.root_device.type))
+    """Train the next optimizer step on under ``precision``."""
+    plugin = _compat.precision_plugin(trainer, precision, trainer.strategy.root_device.type)
+    _compat.set_precision_plugin(trainer, plugin)
+
+
+def step_loss(outputs: Any) -> float | None:
+    """The loss a training step returned (``on_train_batch_end``'s ``outputs``: a tensor or a mapping with
+    ``"loss"``); None when the step returned none (a skipped batch)."""
+    if isinstance(outputs, Mapping):
+        outputs = outputs.get("loss")
+    if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+        return float(outputs.detach().float())
+    return None
+
+
+def scaler_scale(trainer: Any) -> float | None:
+    """The gradient scaler's current scale (``16-mixed``), None without one: a drop means the last optimizer step
+    was skipped for non-finite gradients."""
+    scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
+    if scaler is None or not scaler.is_enabled():
+        return None
+    scale = float(scaler.get_scale())
+    return scale if math.isfinite(scale) else None

@@ -33,6 +33,7 @@ from pipeopt.report.json_io import write_report
 from pipeopt.report.metrics import summary_metrics, window_metrics
 from pipeopt.report.model import Report, Skipped
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
+from pipeopt.tuning.precision import FP32
 from pipeopt.tuning.session import LoaderSession
 from pipeopt.verdict import judge
 
@@ -81,7 +82,11 @@ class PipeOpt:
         namespace = type(self).__dict__.get("_lightning_namespace")
         if namespace is None:  # a subclass that names its Lightning Callback base itself pickles as usual
             return super().__reduce_ex__(protocol)
-        return (_compat.new_callback, (type(self).__mro__[1], namespace), self.__dict__)
+        return (_compat.new_callback, (type(self).__mro__[1], namespace), self.__getstate__())
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A console belongs to its process (it holds a lock): a spawned copy prints to a console of its own."""
+        return {**self.__dict__, "_console": None}
 
     def __init__(
         self,
@@ -199,7 +204,11 @@ class PipeOpt:
     # -- loader tuning ------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if "precision" in self.config.tune and self._meter is not None:
-            self._precision = PrecisionTuning(agree=self._agree, say=self._say)
+            self._precision = PrecisionTuning(agree=self._agree, say=self._say, reset_meter=self._meter.reset,
+                                              window=self.config.window, min_window_s=self.config.window_s)
+            reason = self._precision.start(trainer, pl_module, self._restored)
+            if reason is not None:
+                self._skip("precision", reason)
         if "batch" in self.config.tune and self._meter is not None:
             self._batch = BatchTuning(memory_fraction=self.config.memory_fraction, agree=self._agree, say=self._say)
             reason = self._batch.start(trainer, pl_module, self._restored)
@@ -307,21 +316,21 @@ class PipeOpt:
             self._switcher.end_of_epoch()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        precision = self._precision
-        if precision is not None and not precision.decided:
-            reason = precision.first_batch(trainer, pl_module, batch, batch_idx, self._restored)
-            if reason is not None:
-                self._skip("precision", reason)
-            elif self._meter is not None and self._meter.steps_seen < 1 and self.config.warmup == 0:
-                self._meter.reset(self._meter.label, skip=1)  # this step carried the probes
         self._step_at_batch_start = trainer.global_step
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._log_step = _compat.logger_step(trainer)  # a window closing in this batch describes this step
+        precision = self._precision
+        if precision is not None:
+            precision.on_batch_end(trainer, outputs)
         if self._timer is not None:
             self._timer.batch_ended(batch_size(batch), trainer.global_step > self._step_at_batch_start)
         if self._session is not None:
             self._session.on_step_end()
+        if precision is not None and trainer.global_step > self._step_at_batch_start:  # between optimizer steps
+            precision.on_step_end(trainer)
+            if precision.state == "waiting" and (self._session is None or self._session.state == "done"):
+                precision.begin(len(self.windows))  # the loader is settled (or not tuned): precision's turn
         if self.config.stop_when_tuned and self._tuning_finished():
             trainer.should_stop = True
 
@@ -330,6 +339,11 @@ class PipeOpt:
         session = self._session
         if session is not None and session.state != "done":
             return False
+        precision = self._precision
+        if precision is not None and not precision.decided:
+            return False
+        if precision is not None and precision.after_from is not None:
+            return len(self.windows) > precision.after_from  # a window measured after the precision decision
         if session is not None and session.after is not None:
             return True
         if self._done_at_window is None:
@@ -338,8 +352,10 @@ class PipeOpt:
 
     def _on_window(self, stats: WindowStats) -> None:
         self.windows.append(stats)
-        if self._session is not None:
+        if self._session is not None and self._session.state != "done":
             self._session.on_window(stats)
+        elif self._precision is not None and self._precision.measuring:
+            self._precision.on_window(stats)
         trainer = self._trainer
         if trainer is not None and trainer.is_global_zero:
             self._log(trainer, window_metrics(stats))
@@ -416,6 +432,10 @@ class PipeOpt:
                 suggestions=[session.suggestion] if session.suggestion else [],
                 predicted_speedup=session.predicted_speedup,
             )
+        precision = self._precision
+        if (precision is not None and precision.choice is not None and precision.choice.precision != FP32
+                and precision.after_from is not None and len(windows) > precision.after_from):
+            after = windows[precision.after_from]  # measured after every change, precision's included
         for group in (self._precision, self._batch):
             if group is None:
                 continue
@@ -451,7 +471,7 @@ class PipeOpt:
             tuned["loader"] = session.kept.as_kwargs() if session.kept else None
         for group in (self._precision, self._batch):
             if group is not None:
-                tuned.update(group.state())
+                tuned.update(group.state_dict())
         return {"version": STATE_VERSION, "tuned": tuned or None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -1,24 +1,31 @@
-"""The groups decided once, at the start of a fit, from sandboxed probes: micro-batch x accumulation (before the
-first epoch) and precision (on the first batch). Each probes, agrees across ranks, applies, and says in the report
-what it changed and why; a resumed run applies what its checkpoint kept without probing."""
+"""The groups beside the loader search: micro-batch x accumulation, decided before the first epoch from sandboxed
+probes, and precision, tried on the live run once the loader is settled. Each agrees across ranks, applies, and says
+in the report what it changed and why; a resumed run applies what its checkpoint kept without trying again."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from pipeopt import _compat
 from pipeopt.apply import batch as batch_apply
 from pipeopt.apply import precision as precision_apply
+from pipeopt.measure.sandbox import NoLoss
+from pipeopt.measure.window import WindowStats
 from pipeopt.report.model import Change
 from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchProbe, choose_batch
+from pipeopt.tuning import noise
 from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.precision import (
     FP32,
     PrecisionChoice,
     PrecisionTrial,
+    candidates,
     choose_precision,
 )
 
@@ -62,7 +69,15 @@ class BatchTuning:
             self.choice = BatchChoice(BatchPlan(**restored["batch"]) if restored["batch"] else user, RESUMED)
         else:
             sample = batch_apply.sample_batch(trainer, loader, user.effective)
-            probes = self._agreed(batch_apply.probe_plans(trainer, module, sample, user))
+            why = "training_step returned no loss tensor for a probe batch on another rank"
+            found: list[BatchProbe] | None = None
+            try:
+                found = batch_apply.probe_plans(trainer, module, sample, user, join=batch_apply.joins_batches(loader))
+            except NoLoss as err:
+                why = str(err)
+            if self._agree([float(found is None)])[0] > 0:  # every rank leaves the plan alone together
+                return why
+            probes = self._agreed(found)  # type: ignore[arg-type]  # not None: no rank failed
             budget = batch_apply.MEMORY.budget(trainer.strategy.root_device, self._fraction)
             self.choice = choose_batch(user, probes, budget_bytes=budget, batchnorm=batch_apply.has_batchnorm(module))
             self._probes_note = _describe_batch_probes(probes, budget)
@@ -106,58 +121,160 @@ class BatchTuning:
                            f"Trainer(..., accumulate_grad_batches={plan.accumulate})"]
         return out
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         if self.user is None or self.choice is None:
             return {}
         return {"batch": None if self.choice.plan == self.user else dataclasses.asdict(self.choice.plan)}
 
 
 class PrecisionTuning:
-    """Mixed precision: probed on the first batch of the fit, the strategy's plugin swapped before its step."""
+    """Mixed precision, tried on the live run once the loader is settled (an input-bound step cannot show what a
+    faster compute buys): a window of real training steps in fp32, then a window under each candidate; the fastest
+    candidate that beat fp32 beyond noise with its loss in line is kept, otherwise fp32 is restored. Every step
+    measured is a step the model trains on: pipeopt calls no ``training_step`` of its own.
 
-    def __init__(self, *, agree: Agree, say: Callable[[str], None]) -> None:
-        self._agree = agree
-        self._say = say
+    A candidate whose step loss turns non-finite, or whose gradient scaler skips ``SCALER_SKIPS`` steps in a row, is
+    reverted on that rank at once; its window still closes at the same step on every rank, where the ranks agree
+    (any failure fails the trial everywhere)."""
+
+    #: Consecutive optimizer steps a ``16-mixed`` candidate's gradient scaler may skip before it is reverted at once.
+    SCALER_SKIPS = 10
+
+    def __init__(self, *, agree: Agree, say: Callable[[str], None], reset_meter: Callable[..., None],
+                 window: int, min_window_s: float) -> None:
+        self._agree, self._say, self._reset_meter = agree, say, reset_meter
+        self._window, self._min_window_s = window, min_window_s
         self.choice: PrecisionChoice | None = None
         self.skipped = False
-        self._probes_note: str | None = None
+        self.state = "waiting"  # -> "baseline" (fp32 window) -> "trial" (one per candidate) -> "done"
+        self.trials: list[PrecisionTrial] = []
+        self.after_from: int | None = None  # windows measured before the decision (the next one is after it)
+        self._candidates: list[str] = []
+        self._trying: str = FP32
+        self._losses: list[float] = []
+        self._failure: str | None = None
+        self._pending: WindowStats | None = None
+        self._scale: float | None = None
+        self._skips = 0
+        self._step_s: float | None = None
 
     @property
     def decided(self) -> bool:
-        return self.choice is not None or self.skipped
+        return self.state == "done"
 
-    def first_batch(self, trainer: Any, module: Any, batch: Any, batch_idx: int,
-                    restored: dict[str, Any] | None) -> str | None:
-        """Decide and apply; the reason when the run's precision is left alone (None when it was tuned)."""
+    @property
+    def measuring(self) -> bool:
+        return self.state in ("baseline", "trial")
+
+    def start(self, trainer: Any, module: Any, restored: dict[str, Any] | None) -> str | None:
+        """At train start: apply what a checkpoint kept, or get ready to try; the reason when precision is left
+        alone (None otherwise)."""
         if restored is not None and restored.get("precision") is not None:
             self.choice = PrecisionChoice(restored["precision"], RESUMED)
-        else:
-            reason = precision_apply.unsupported(trainer, module)
-            if reason is not None:
-                self.skipped = True
-                return reason
-            trials = precision_apply.probe_precisions(trainer, module, batch, batch_idx)
-            self.choice = self._agreed(trainer, trials, choose_precision(trials))
-            self._probes_note = _describe_precision_trials(trials)
-            self._say(f"precision: {self.choice.precision} ({self.choice.reason})")
-        if self.choice.precision != _compat.precision_of(trainer):
-            precision_apply.apply_precision(trainer, self.choice.precision)
+            if self.choice.precision != _compat.precision_of(trainer):
+                precision_apply.apply_precision(trainer, self.choice.precision)
+            self.state = "done"
+            return None
+        reason = precision_apply.unsupported(trainer, module)
+        if reason is not None:
+            self.skipped, self.state = True, "done"
+            return reason
+        device = trainer.strategy.root_device
+        bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported()
+        self._candidates = [p for p in candidates(device.type, bf16) if p != FP32]
+        if not self._candidates:
+            self.skipped, self.state = True, "done"
+            return f"no mixed precision to try on {device.type}"
         return None
 
-    def _agreed(self, trainer: Any, trials: list[PrecisionTrial], choice: PrecisionChoice) -> PrecisionChoice:
-        """Rank zero's choice on every rank; fp32 if any rank's probe failed."""
-        names = [t.precision for t in trials]
-        local = [float(trainer.is_global_zero and t.precision == choice.precision) for t in trials]
-        failed_here = any(t.error is not None for t in trials)
-        agreed = self._agree([*local, float(failed_here)])
-        if agreed[-1] > 0 and not failed_here:
-            return PrecisionChoice(FP32, "a precision probe failed on another rank; kept fp32")
-        return PrecisionChoice(names[max(range(len(names)), key=lambda i: agreed[i])], choice.reason)
+    def begin(self, windows_so_far: int) -> None:
+        """Take the measurement windows over: first a window in fp32."""
+        self.state = "baseline"
+        self._measure(f"precision: {FP32}", skip=0)
+        self._windows = windows_so_far
 
+    # -- the loop -------------------------------------------------------------------------------------------
+    def on_batch_end(self, trainer: Any, outputs: Any) -> None:
+        """Each trained batch: its loss; under a candidate, a non-finite loss or a scaler that keeps skipping steps
+        reverts this rank to fp32 at once (the window is judged a failure when it closes)."""
+        if not self.measuring:
+            return
+        loss = precision_apply.step_loss(outputs)
+        if loss is not None:
+            self._losses.append(loss)
+        if self.state != "trial" or self._failure is not None:
+            return
+        scale = precision_apply.scaler_scale(trainer)
+        self._skips = self._skips + 1 if scale is not None and self._scale is not None and scale < self._scale else 0
+        self._scale = scale
+        if loss is not None and not math.isfinite(loss):
+            self._fail_here(trainer, f"its loss turned {loss}")
+        elif self._skips >= self.SCALER_SKIPS:
+            self._fail_here(trainer, f"its gradient scaler skipped {self._skips} optimizer steps in a row")
+
+    def on_window(self, stats: WindowStats) -> None:
+        self._pending = stats
+        self._windows += 1
+
+    def on_step_end(self, trainer: Any) -> None:
+        """Between optimizer steps, the same step on every rank: judge a window that closed."""
+        if self._pending is None or not self.measuring:
+            return
+        stats, self._pending = self._pending, None
+        self._step_s = stats.step_time_s
+        rate = noise.window_rate(stats, self._trying)
+        failed, failure = self._failure is not None, self._failure
+        agreed_rate, se, any_failed = self._agree([-rate.value, rate.rel_se, float(failed)])
+        trial = PrecisionTrial(self._trying, None if any_failed > 0 else Rate(-agreed_rate, se), tuple(self._losses),
+                               error=(failure or "it failed on another rank") if any_failed > 0 else None)
+        self.trials.append(trial)
+        if self.state == "trial":
+            self._say(f"precision trial: {self._trying} -> "
+                      + (f"failed ({trial.error})" if trial.error else f"{-agreed_rate:,.1f} samples/s"))
+        self._next(trainer)
+
+    # -- steps of the plan ----------------------------------------------------------------------------------
+    def _next(self, trainer: Any) -> None:
+        if self._candidates:
+            self._trying = self._candidates.pop(0)
+            self.state = "trial"
+            self._failure, self._scale, self._skips = None, None, 0
+            precision_apply.apply_precision(trainer, self._trying)
+            self._measure(f"precision trial: {self._trying}", skip=1)  # its first step settles (autocast caches)
+            return
+        self.choice = self._agreed_choice(choose_precision(self.trials))
+        if self.choice.precision != _compat.precision_of(trainer):
+            precision_apply.apply_precision(trainer, self.choice.precision)
+        self._say(f"precision: {self.choice.precision} ({self.choice.reason})")
+        self.state = "done"
+        self.after_from = self._windows
+        self._measure("after", skip=1)
+
+    def _agreed_choice(self, local: PrecisionChoice) -> PrecisionChoice:
+        """Every rank decides on the agreed rates and its own losses; a choice the ranks do not share keeps fp32."""
+        names = [FP32, *[t.precision for t in self.trials if t.precision != FP32]]
+        agreed = self._agree([float(name == local.precision) for name in names])
+        if sum(v > 0 for v in agreed) > 1:
+            return PrecisionChoice(FP32, "the ranks' windows disagreed on the losses; kept fp32")
+        return local
+
+    def _fail_here(self, trainer: Any, why: str) -> None:
+        self._failure = why
+        precision_apply.apply_precision(trainer, FP32)
+
+    def _measure(self, label: str, skip: int) -> None:
+        paced = int(self._min_window_s / self._step_s) if self._step_s else 0
+        self._losses = []
+        self._reset_meter(label, skip, max(self._window, paced))
+
+    # -- the report and checkpoints -------------------------------------------------------------------------
     def outcome(self) -> Outcome:
-        out = Outcome(notes=[self._probes_note] if self._probes_note else [])
+        out = Outcome(notes=[_describe_precision_trials(self.trials)] if self.trials else [])
         choice = self.choice
         if choice is None:
+            if self.measuring:
+                out.notes.insert(0, f"the fit ended while precision was being tried ({self._trying}); it ended in "
+                                    f"{self._trying if self._failure is None else FP32}")
             return out
         if choice.precision == FP32:
             out.notes.insert(0, f"precision: {choice.reason}")
@@ -166,7 +283,7 @@ class PrecisionTuning:
         out.suggestions = [f"Trainer(..., precision={choice.precision!r})"]
         return out
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"precision": self.choice.precision} if self.choice is not None else {}
 
 
@@ -178,9 +295,9 @@ def _describe_precision_trials(trials: list[PrecisionTrial]) -> str:
             parts.append(f"{t.precision} failed ({t.error})")
             continue
         speed = f", {t.rate.value / base.rate.value:.2f}x fp32" if base and base.rate and t is not base else ""
-        loss = f", loss {t.mean_loss:.4g}" if t.mean_loss is not None else ""
-        parts.append(f"{t.precision} {t.rate.value:,.1f} probe steps/s{speed}{loss}")
-    return "precision probes on the first batch (sandboxed: no trace left): " + "; ".join(parts)
+        loss = f", mean loss {t.mean_loss:.4g}" if t.mean_loss is not None else ""
+        parts.append(f"{t.precision} {t.rate.value:,.1f} samples/s{speed}{loss}")
+    return "precision windows on the live run: " + "; ".join(parts)
 
 
 def _describe_batch_probes(probes: list[BatchProbe], budget: int | None) -> str:

@@ -65,8 +65,12 @@ def training_loss(module: Any, batch: Any, batch_idx: int) -> torch.Tensor:
     if isinstance(output, dict):
         output = output.get("loss")
     if not isinstance(output, torch.Tensor):
-        raise TypeError("training_step returned no loss tensor")
+        raise NoLoss("training_step returned no loss tensor for a probe batch (it may skip batches)")
     return output
+
+
+class NoLoss(TypeError):
+    """A probe's ``training_step`` returned no loss (a valid Lightning step may return None to skip a batch)."""
 
 
 def _sync(device: torch.device) -> None:

@@ -29,6 +29,14 @@ class Rate:
         return cls(value=window.sustained_per_s, rel_se=window.rate_rel_se)
 
 
+def window_rate(stats: WindowStats, in_place: object) -> Rate:
+    """The rate a window measured while ``in_place`` was tried (loader settings, a precision). The one seam between
+    the measured world and the decisions: tests replace it (``pipeopt.tuning.noise.window_rate``) to put a live fit
+    in a controlled world - DALI ten times faster, say - so that what is kept does not depend on how busy the
+    machine is."""
+    return Rate.of(stats)
+
+
 def combine(a: Rate, b: Rate) -> Rate:
     """Two measurements of the same setting: their mean, with a standard error that also counts their disagreement."""
     value = (a.value + b.value) / 2

@@ -1,15 +1,18 @@
-"""Choosing the training precision from measured probes (pure decision: no torch, no Lightning).
+"""Choosing the training precision from windows of the live run (pure decision: no torch, no Lightning).
 
-A candidate replaces ``32-true`` only when it is faster beyond noise *and* numerically safe on the same batches:
-every probe loss finite, and the mean loss within ``LOSS_TOLERANCE`` of fp32's (relative, with an absolute floor for
-losses near zero). bf16 keeps 8 bits of mantissa, so a loss computed in it differs from fp32 by a few parts in a
-thousand on ordinary models; a difference beyond 2 % means the model does something precision-sensitive (large
+Each candidate is measured over a window of real training steps, against a window in fp32 just before it. A
+candidate replaces ``32-true`` only when it is faster beyond noise *and* its training stays healthy: every step's
+loss finite, and its mean loss not above fp32's window by more than ``LOSS_TOLERANCE`` (relative, with an absolute
+floor for losses near zero) or, when the windows' losses are noisier than that, by more than twice the standard
+error of the difference. The windows hold different batches, so a lower loss is never held against a candidate
+(training goes on); a higher one beyond that allowance means the model does something precision-sensitive (large
 logits, tiny variances), and pipeopt stays in fp32.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster
@@ -31,13 +34,18 @@ def candidates(device_type: str, bf16_supported: bool) -> list[str]:
 @dataclass(frozen=True)
 class PrecisionTrial:
     precision: str
-    rate: Rate | None  # probe steps per second, with its noise
-    losses: tuple[float, ...] = ()
+    rate: Rate | None  # samples (or steps) per second of its window, with its noise
+    losses: tuple[float, ...] = ()  # the loss of every step of its window
     error: str | None = None
 
     @property
     def mean_loss(self) -> float | None:
         return sum(self.losses) / len(self.losses) if self.losses else None
+
+    @property
+    def loss_se(self) -> float:
+        """Standard error of the mean loss (0 for fewer than two steps)."""
+        return statistics.stdev(self.losses) / math.sqrt(len(self.losses)) if len(self.losses) > 1 else 0.0
 
     @property
     def finite(self) -> bool:
@@ -51,11 +59,19 @@ class PrecisionChoice:
 
 
 def loss_gap(trial: PrecisionTrial, baseline: PrecisionTrial) -> float | None:
-    """Relative difference of the two mean losses on the same batches (None if either is missing)."""
+    """How far the trial's mean loss is above the baseline's, relative (negative when below; None if either is
+    missing)."""
     a, b = trial.mean_loss, baseline.mean_loss
     if a is None or b is None:
         return None
-    return abs(a - b) / max(abs(b), LOSS_ABS_FLOOR)
+    return (a - b) / max(abs(b), LOSS_ABS_FLOOR)
+
+
+def loss_allowance(trial: PrecisionTrial, baseline: PrecisionTrial) -> float:
+    """The relative rise of the mean loss a candidate may show: the tolerance, or twice the standard error of the
+    difference of the two windows' means when their batches vary more than that."""
+    scale = max(abs(baseline.mean_loss or 0.0), LOSS_ABS_FLOOR)
+    return max(LOSS_TOLERANCE, 2.0 * math.hypot(trial.loss_se, baseline.loss_se) / scale)
 
 
 def choose_precision(trials: list[PrecisionTrial], *, floor: float = DEFAULT_FLOOR) -> PrecisionChoice:
@@ -73,8 +89,10 @@ def choose_precision(trials: list[PrecisionTrial], *, floor: float = DEFAULT_FLO
             why.append(f"{trial.precision} failed ({trial.error})")
         elif not trial.finite:
             why.append(f"{trial.precision} gave a non-finite loss")
-        elif gap is None or gap > LOSS_TOLERANCE:
-            why.append(f"{trial.precision}'s loss differs from fp32's by {gap:.1%} (tolerance {LOSS_TOLERANCE:.0%})")
+        elif gap is None or gap > loss_allowance(trial, baseline):
+            why.append(f"{trial.precision}'s loss was {gap:.1%} above fp32's (allowed "
+                       f"{loss_allowance(trial, baseline):.1%})" if gap is not None else
+                       f"{trial.precision}'s loss could not be compared with fp32's")
         elif not faster(trial.rate, baseline.rate, floor):
             why.append(f"{trial.precision} was not faster beyond noise ({trial.rate.value / baseline.rate.value:.2f}x)")
         else:
@@ -83,5 +101,6 @@ def choose_precision(trials: list[PrecisionTrial], *, floor: float = DEFAULT_FLO
         return PrecisionChoice(FP32, "kept fp32: " + ("; ".join(why) if why else "no other precision to try"))
     best = max(safe, key=lambda t: t.rate.value)  # type: ignore[union-attr]
     gap = loss_gap(best, baseline) or 0.0
-    return PrecisionChoice(best.precision, f"{best.rate.value / baseline.rate.value:.2f}x the fp32 step in its probe, "  # type: ignore[union-attr]
-                                           f"loss within {gap:.2%} of fp32's on the same batches")
+    speed = best.rate.value / baseline.rate.value  # type: ignore[union-attr]
+    return PrecisionChoice(best.precision, f"{speed:.2f}x the fp32 rate in its live trial window, mean loss "
+                                           f"{gap:+.1%} against the fp32 window before it")

@@ -17,6 +17,7 @@ from typing import Protocol
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.model import Change
 from pipeopt.report.model import Trial as ReportTrial
+from pipeopt.tuning import noise
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
 
@@ -54,18 +55,11 @@ class Agreed:
     over_budget: bool
 
 
-def window_rate(stats: WindowStats, settings: LoaderSettings) -> Rate:
-    """The rate a window measured while the session had ``settings`` in place. The one seam between the measured
-    world and the search: tests replace it to put a live fit in a controlled world (DALI ten times faster, say), so
-    that what is kept does not depend on how busy the machine is."""
-    return Rate.of(stats)
-
-
 def _local_vector(stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
                   over_budget: bool) -> list[float]:
     """Figures arranged so that the element-wise maximum across ranks is the agreed value (rates negated)."""
     res = stats.resources
-    rate = window_rate(stats, settings)
+    rate = noise.window_rate(stats, settings)
     return [-rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
             -1.0 if res.cpu_main_pct is None else res.cpu_main_pct,
             -1.0 if res.cpu_workers_pct is None else res.cpu_workers_pct,

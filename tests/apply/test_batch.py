@@ -6,6 +6,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from pipeopt.apply.batch import DeviceMemory, Rebatch, is_oom, plan_step, probe_plans
 from pipeopt.tuning.batch import BatchPlan
+from tests.batches import KINDS, ShapedCollate, ids_of
 
 
 @pytest.mark.parametrize("n, size, drop_last", [(100, 8, False), (100, 8, True), (96, 8, False), (13, 4, False)])
@@ -107,3 +108,22 @@ def test_the_running_epoch_recut_delivers_what_the_rebatched_loader_would(micro)
     expected = [b[1].tolist() for b in rebatched(user(), micro)]
     assert recut == expected
     assert [i for b in recut for i in b] == [i for b in user() for i in b[1].tolist()]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("micro", [2, 3, 8])
+def test_a_recut_epoch_sees_every_sample_once_in_order_for_every_batch_shape(kind, micro):
+    from torch.utils.data import DataLoader
+
+    from pipeopt.apply.batch import Recut
+    from tests.apply.datasets import Indexed
+
+    def user():
+        return DataLoader(Indexed(44), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5),
+                          collate_fn=ShapedCollate(kind))
+
+    expected = [i for b in user() for i in ids_of(b)]
+    loader = user()
+    recut = [ids_of(b) for b in Recut(iter(loader), loader, 4, micro)]
+    assert [i for b in recut for i in b] == expected  # every sample once, in the user's order
+    assert all(len(b) == micro for b in recut[:-1]) if micro != 3 else all(len(b) in (1, 3) for b in recut)

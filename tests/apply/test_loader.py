@@ -14,6 +14,7 @@ from pipeopt.apply.index_stream import IndexStream, peek_seed
 from pipeopt.apply.loader import start_loader, unsupported
 from pipeopt.tuning.loader_search import LoaderSettings
 from tests.apply.datasets import CrashesWithManyWorkers, Indexed
+from tests.batches import KINDS, ShapedCollate, ids_of
 
 FOUR = LoaderSettings(num_workers=4, prefetch_factor=2, persistent_workers=False, pin_memory=False)
 TWO = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True, pin_memory=False)
@@ -57,6 +58,24 @@ def test_handover_mid_epoch_keeps_order_and_later_epochs_match(user_workers):
     assert flat(newer) == expected[1]  # the next epoch: the user's sampler, the user's order
     handover.close()
     _compat.shutdown_iterator(_compat.cached_iterator(newer))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_handover_keeps_every_sample_of_every_batch_shape_once_in_order(kind):
+    def user():
+        return DataLoader(Indexed(), batch_size=4, shuffle=True, num_workers=2, collate_fn=ShapedCollate(kind),
+                          generator=torch.Generator().manual_seed(1))
+
+    expected = [i for b in user() for i in ids_of(b)]
+    loader = user()
+    live = iter(loader)
+    seen = [i for b in itertools.islice(live, 5) for i in ids_of(b)]
+    stream = IndexStream(_compat.take_index_stream(live))
+    handover = Handover(stream, live, loader, fallback=lambda err: pytest.fail(str(err)))
+    handover.add(*start(loader, FOUR, stream))  # not persistent: no worker outlives the test
+    seen += [i for b in handover for i in ids_of(b)]
+    assert seen == expected
+    handover.close()
 
 
 def test_a_crashing_candidate_is_survived_without_losing_or_repeating_a_batch():

@@ -1,5 +1,8 @@
 """Micro-batch x accumulation in real fits on CPU, with an injected device-memory probe."""
 
+import warnings
+
+import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
@@ -76,3 +79,50 @@ def test_loader_trials_mid_epoch_keep_the_micro_batches_and_the_order(monkeypatc
     assert any(w.label.startswith("trial") for w in callback.windows)  # inside the first, re-cut, epoch
     assert trainer.accumulate_grad_batches == 4 and counter.per_step == [32] * 32
     assert model.seen[-len(plain.seen):] == plain.seen
+
+
+class SkipsOddBatches(Regressor):
+    def training_step(self, batch, batch_idx):
+        self.calls = getattr(self, "calls", 0) + 1
+        return None if batch_idx % 2 else super().training_step(batch, batch_idx)
+
+
+class IteratorStep(Regressor):
+    def training_step(self, dataloader_iter):
+        batch, batch_idx, _ = next(dataloader_iter)
+        return super().training_step(batch, batch_idx)
+
+
+class NeedsClosure(torch.optim.SGD):
+    def step(self, closure):
+        return super().step(closure)
+
+
+class ClosureOnly(Regressor):
+    def configure_optimizers(self):
+        return NeedsClosure(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize(("model", "trainer_kwargs", "reason"), [
+    (SkipsOddBatches(hidden=16), {}, "returned no loss tensor for a probe batch"),
+    (IteratorStep(hidden=16), {}, "takes the dataloader iterator"),
+    (ClosureOnly(hidden=16), {}, "steps only with a closure"),
+    (Regressor(hidden=16), {"fast_dev_run": 3}, "fast_dev_run"),
+    (Regressor(hidden=16), {"overfit_batches": 2}, "overfit_batches"),
+    (Regressor(hidden=16), {"limit_train_batches": 1}, "limit_train_batches is set"),  # 1 batch, not 100 %
+    (Regressor(hidden=16), {"val_check_interval": "00:00:00:01"}, "counts batches or time"),
+], ids=["none-returning-step", "dataloader-iter-step", "closure-only-optimizer", "fast-dev-run", "overfit-batches",
+        "one-batch-per-epoch", "time-based-validation"])
+def test_a_valid_program_the_batch_group_cannot_plan_is_left_alone_and_finishes(model, trainer_kwargs, reason,
+                                                                              monkeypatch):
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # the user's batch "does not fit": a plan would apply
+    callback = quiet_pipeopt(tune=("batch",))
+    pl.seed_everything(0, verbose=False)
+    kwargs = {"max_epochs": 1, **trainer_kwargs}
+    trainer = pl.Trainer(callbacks=[callback], **quiet_trainer_kwargs(**kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, DataLoader(SleepyDataset(n=64, delay_s=0.0), batch_size=32))
+    assert trainer.state.finished
+    assert any(s.group == "batch" and reason in s.reason for s in callback.report.skipped)
+    assert trainer.accumulate_grad_batches == 1

@@ -98,7 +98,11 @@ def test_pipeopt_tune_attaches_to_the_scripts_lightning_only(tmp_path, namespace
 
 
 def test_a_pipeopt_is_a_callback_of_the_lightning_in_use_and_survives_pickling():
-    callback = PipeOpt(tune=(), report_dir=None, cache=False)
+    import io
+
+    from rich.console import Console
+
+    callback = PipeOpt(tune=(), report_dir=None, cache=False, console=Console(file=io.StringIO()))  # it has a lock
     assert isinstance(callback, PipeOpt) and isinstance(callback, pl.Callback)
     for copied in (copy.deepcopy(callback), pickle.loads(pickle.dumps(callback))):  # ddp_spawn pickles callbacks
         assert type(copied) is type(callback) and copied.config == callback.config

@@ -38,14 +38,12 @@ def test_resume_applies_the_tuned_settings_with_zero_trials(tmp_path, monkeypatc
     assert any("resumed from a checkpoint" in note for note in resumed.report.notes)
 
 
-def test_resume_applies_the_tuned_precision_and_batch_plan_without_probes(tmp_path, monkeypatch):
+def test_resume_applies_the_tuned_precision_and_batch_plan_without_trying_again(tmp_path, monkeypatch):
     import pipeopt.apply.batch as batch_apply
-    import pipeopt.apply.precision as precision_apply
-    from tests.callbacks.test_precision import _timed
     from tests.helpers import SamplesPerStep, TightMemory
 
     monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # 32 samples do not fit; 8 x 4 does
-    monkeypatch.setattr(precision_apply, "_time", _timed(1.6))  # bf16 measured faster
+    controlled_rates(monkeypatch, lambda p: 160.0 if p == "bf16-mixed" else 100.0)  # bf16 measured faster
 
     def fit(epochs, ckpt_path=None):
         pl.seed_everything(0, verbose=False)
@@ -55,18 +53,18 @@ def test_resume_applies_the_tuned_precision_and_batch_plan_without_probes(tmp_pa
         checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)
         trainer = pl.Trainer(max_epochs=epochs, callbacks=[callback, counter, checkpoint],
                              **quiet_trainer_kwargs(enable_checkpointing=True))
-        trainer.fit(Regressor(), DataLoader(SleepyDataset(n=256, delay_s=0.0), batch_size=32, shuffle=True),
+        trainer.fit(Regressor(), DataLoader(SleepyDataset(n=512, delay_s=0.0), batch_size=32, shuffle=True),
                     ckpt_path=ckpt_path)
         return callback, counter, trainer
 
     first, _, trainer = fit(epochs=1)
     assert trainer.precision == "bf16-mixed" and trainer.accumulate_grad_batches == 4
-    probes = [n for n in first.report.notes if "probes" in n]
-    assert len(probes) == 2  # precision and batch were probed
-    monkeypatch.setattr(precision_apply, "probe_precisions", lambda *a, **k: pytest.fail("precision re-probed"))
+    assert any("batch probes" in n for n in first.report.notes)
+    assert any("precision windows on the live run" in n for n in first.report.notes)
     monkeypatch.setattr(batch_apply, "probe_plans", lambda *a, **k: pytest.fail("batch plans re-probed"))
     resumed, counter, trainer2 = fit(epochs=2, ckpt_path=tmp_path / "last.ckpt")
     assert trainer2.precision == "bf16-mixed" and trainer2.accumulate_grad_batches == 4
-    assert counter.per_step == [32] * 8  # the resumed epoch: the same effective batch, in micro-batches of 8
+    assert not any("precision windows" in n for n in resumed.report.notes)  # applied at once, not tried again
+    assert counter.per_step == [32] * 16  # the resumed epoch: the same effective batch, in micro-batches of 8
     assert {c.knob: c.after for c in resumed.report.changes} == {
         "precision": "bf16-mixed", "batch_size": 8, "accumulate_grad_batches": 4}

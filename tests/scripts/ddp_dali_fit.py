@@ -3,7 +3,7 @@
     python tests/scripts/ddp_dali_fit.py OUT_DIR {plain|pipeopt|loader_from} IMAGE_ROOT
 
 ``pipeopt`` tries DALI as a loader candidate on both ranks, in a controlled world where it measures ten times the
-DataLoader's rate (``pipeopt.tuning.session.window_rate``), so it must be kept on both; ``loader_from`` trains on
+DataLoader's rate (``pipeopt.tuning.noise.window_rate``), so it must be kept on both; ``loader_from`` trains on
 ``pipeopt.dali.loader_from(DataLoader(...))`` built in ``train_dataloader`` (after DDP started: it shards itself).
 Each rank writes OUT_DIR/<mode>-rank<r>.json: the dataset indices it trained on, in order, and its trials.
 """
@@ -23,7 +23,7 @@ from torchvision import transforms as T  # noqa: E402
 
 from pipeopt import PipeOpt  # noqa: E402
 from pipeopt.dali import loader_from  # noqa: E402
-from pipeopt.tuning import session  # noqa: E402
+from pipeopt.tuning import noise  # noqa: E402
 from pipeopt.tuning.noise import Rate  # noqa: E402
 from tests.dali.images import Classifier  # noqa: E402
 from tests.helpers import end_process_group, quiet_trainer_kwargs  # noqa: E402
@@ -45,7 +45,7 @@ def main() -> None:
     pl.seed_everything(1, verbose=False)
     callbacks = []
     if mode == "pipeopt":
-        session.window_rate = lambda stats, settings: Rate(1000.0 if settings.dali else 100.0, 0.01)
+        noise.window_rate = lambda stats, settings: Rate(1000.0 if settings.dali else 100.0, 0.01)
         callbacks.append(PipeOpt(tune=("dali",), window=4, window_s=0, warmup=2, budget_s=10, report_dir=None,
                                  cache=False, console=Console(file=io.StringIO())))
     model = OwnLoader(root, direct=mode == "loader_from")

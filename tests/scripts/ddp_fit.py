@@ -5,7 +5,7 @@ rank 1, which under pytest would relaunch the test session.
 
 Each rank writes OUT_DIR/<mode>-rank<r>.json: the samples it saw, its final loader settings and its trials.
 ``pipeopt`` tunes the loader in a controlled world where any worker count measures 3x the main process
-(``pipeopt.tuning.session.window_rate``), so a change must be kept - the same one on both ranks. ``batch`` tunes micro-batch x accumulation (and the loader) against an injected device memory of 1000 bytes,
+(``pipeopt.tuning.noise.window_rate``), so a change must be kept - the same one on both ranks. ``batch`` tunes micro-batch x accumulation (and the loader) against an injected device memory of 1000 bytes,
 where a step peaks at 200 bytes per sample of its micro-batch: the user's 8 do not fit, 4 x 2 does.
 """
 
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 import pipeopt.apply.batch as batch_apply  # noqa: E402
 from pipeopt import PipeOpt  # noqa: E402
-from pipeopt.tuning import session  # noqa: E402
+from pipeopt.tuning import noise  # noqa: E402
 from pipeopt.tuning.noise import Rate  # noqa: E402
 from tests.helpers import (  # noqa: E402
     Regressor,
@@ -39,7 +39,7 @@ def main() -> None:
     pl.seed_everything(1, verbose=False)
     callbacks: list = []
     if mode == "pipeopt":
-        session.window_rate = lambda stats, settings: Rate(300.0 if settings.num_workers else 100.0, 0.01)
+        noise.window_rate = lambda stats, settings: Rate(300.0 if settings.num_workers else 100.0, 0.01)
     if mode in ("pipeopt", "batch"):
         tune = ("loader",) if mode == "pipeopt" else ("batch", "loader")
         if mode == "batch":

@@ -1,4 +1,4 @@
-"""Choosing a precision from probe measurements: faster beyond noise and numerically safe, or fp32."""
+"""Choosing a precision from live trial windows: faster beyond noise and numerically healthy, or fp32."""
 
 import math
 
@@ -34,7 +34,14 @@ def test_not_faster_beyond_noise_keeps_fp32():
 
 def test_a_loss_off_by_more_than_the_tolerance_keeps_fp32_however_fast():
     choice = choose_precision([probe(FP32, 10.0, (2.0, 2.0)), probe("bf16-mixed", 30.0, (2.1, 2.1))])
-    assert choice.precision == FP32 and "loss differs from fp32's by 5.0%" in choice.reason
+    assert choice.precision == FP32 and "loss was 5.0% above fp32's (allowed 2.0%)" in choice.reason
+
+
+def test_a_lower_loss_is_never_held_against_a_candidate_and_noisy_windows_allow_more():
+    assert choose_precision([probe(FP32, 10.0, (2.0, 2.0)), probe("bf16-mixed", 15.0, (1.5, 1.5))]).precision != FP32
+    noisy_fp32 = probe(FP32, 10.0, (1.0, 3.0, 1.0, 3.0))  # mean 2.0, standard error 0.58: 2 SE is 82 % of the mean
+    assert choose_precision([noisy_fp32, probe("bf16-mixed", 15.0, (2.5, 2.5))]).precision == "bf16-mixed"
+    assert choose_precision([noisy_fp32, probe("bf16-mixed", 15.0, (4.0, 4.0))]).precision == FP32
 
 
 def test_a_non_finite_loss_or_a_failure_keeps_fp32():
