@@ -42,11 +42,13 @@ def lightning_in_use() -> ModuleType:
         return importlib.import_module("lightning.pytorch")
 
 
-def namespace_of(trainer: Any) -> ModuleType:
-    """The Lightning namespace a Trainer (or any of its objects) belongs to."""
-    module = type(trainer).__module__
-    name = next((ns for ns in NAMESPACES if module == ns or module.startswith(ns + ".")), None)
-    return sys.modules[name] if name is not None else lightning_in_use()
+def namespace_of(obj: Any) -> ModuleType:
+    """The Lightning namespace an object belongs to: a Trainer, or a user's LightningModule through its bases."""
+    for cls in type(obj).__mro__:
+        name = next((ns for ns in NAMESPACES if cls.__module__ == ns or cls.__module__.startswith(ns + ".")), None)
+        if name is not None:
+            return sys.modules[name]
+    return lightning_in_use()
 
 
 _CALLBACK_CLASSES: dict[tuple[type, type], type] = {}
@@ -282,6 +284,16 @@ def ready_batches(iterator: Any) -> int | None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Precision plugins (public classes; where the strategy keeps its plugin is the seam).
+
+
+def batch_transfer_hooks_overridden(trainer: Any, module: Any) -> list[str]:
+    """The batch-transfer hooks the LightningModule or the Trainer's DataModule define themselves (Lightning calls
+    both when it moves a batch), as opposed to inheriting Lightning's."""
+    lightning = namespace_of(module)
+    hooks = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+    owners = [(module, lightning.LightningModule), (getattr(trainer, "datamodule", None), lightning.LightningDataModule)]
+    return [f"{type(obj).__name__}.{hook}" for obj, base in owners if obj is not None for hook in hooks
+            if getattr(type(obj), hook, None) is not getattr(base, hook, None)]
 
 
 def precision_of(trainer: Any) -> str:

@@ -75,6 +75,14 @@ def unsupported(trainer: Any, module: Any, loader: Any) -> str | None:
         return "val_check_interval counts batches or time: a different micro-batch would move validation"
     if "dataloader_iter" in _parameters(module.training_step):
         return "training_step takes the dataloader iterator and fetches its own batches"
+    # The probes' sample batch is collated and moved outside training: only where that runs no code of the user's
+    # (until micro-batch plans are tried on the live run).
+    if loader.collate_fn is not default_collate:
+        return ("the loader has its own collate_fn, and pipeopt's probes call no code of yours outside training (it "
+                "may keep state)")
+    hooks = _compat.batch_transfer_hooks_overridden(trainer, module)
+    if hooks:
+        return f"the module moves batches with its own hooks ({', '.join(hooks)}), which pipeopt's probes do not call"
     needs_closure = [type(o).__name__ for o in trainer.optimizers if _required(o.step, "closure")]
     if needs_closure:
         return f"the optimizer ({', '.join(needs_closure)}) steps only with a closure"
@@ -213,24 +221,16 @@ def plan_step(module: Any, optimizers: list[Any], batch: Any, plan: BatchPlan) -
     return step
 
 
-def joins_batches(loader: DataLoader) -> bool:
-    """Whether the loader's batches may be joined into larger micro-batches: only torch's default collate, whose
-    batches always stack; a custom ``collate_fn`` may pad each batch to its own length (ragged), and joining those
-    would need padding values only it knows. Splitting is always faithful: the same samples, padded as collated."""
-    return loader.collate_fn is default_collate
-
-
 def probe_plans(trainer: Any, module: Any, batch: Any, user: BatchPlan, *, memory: DeviceMemory | None = None,
-                repeats: int = 3, join: bool = True) -> list[BatchProbe]:
-    """Peak memory and samples/s of each plan (largest micro-batch first) on ``batch``; everything restored. Plans
-    that join the user's batches are left out unless ``join``."""
+                repeats: int = 3) -> list[BatchProbe]:
+    """Peak memory and samples/s of each plan (largest micro-batch first) on ``batch``; everything restored."""
     memory = memory or MEMORY
     device = trainer.strategy.root_device
     optimizers = list(trainer.optimizers)
     probes = []
     with Sandbox(module, optimizers), _compat.no_logging(module):
         for plan in plans(user):
-            if plan.micro * MAX_SPLIT < user.micro or (plan.micro > user.micro and not join):
+            if plan.micro * MAX_SPLIT < user.micro:
                 continue
             step = plan_step(module, optimizers, batch, plan)
             try:

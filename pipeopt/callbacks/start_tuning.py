@@ -72,7 +72,7 @@ class BatchTuning:
             why = "training_step returned no loss tensor for a probe batch on another rank"
             found: list[BatchProbe] | None = None
             try:
-                found = batch_apply.probe_plans(trainer, module, sample, user, join=batch_apply.joins_batches(loader))
+                found = batch_apply.probe_plans(trainer, module, sample, user)
             except NoLoss as err:
                 why = str(err)
             if self._agree([float(found is None)])[0] > 0:  # every rank leaves the plan alone together

@@ -93,6 +93,11 @@ class IteratorStep(Regressor):
         return super().training_step(batch, batch_idx)
 
 
+class OwnTransfer(Regressor):
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+
 class NeedsClosure(torch.optim.SGD):
     def step(self, closure):
         return super().step(closure)
@@ -107,11 +112,12 @@ class ClosureOnly(Regressor):
     (SkipsOddBatches(hidden=16), {}, "returned no loss tensor for a probe batch"),
     (IteratorStep(hidden=16), {}, "takes the dataloader iterator"),
     (ClosureOnly(hidden=16), {}, "steps only with a closure"),
+    (OwnTransfer(hidden=16), {}, "own hooks (OwnTransfer.on_after_batch_transfer)"),
     (Regressor(hidden=16), {"fast_dev_run": 3}, "fast_dev_run"),
     (Regressor(hidden=16), {"overfit_batches": 2}, "overfit_batches"),
     (Regressor(hidden=16), {"limit_train_batches": 1}, "limit_train_batches is set"),  # 1 batch, not 100 %
     (Regressor(hidden=16), {"val_check_interval": "00:00:00:01"}, "counts batches or time"),
-], ids=["none-returning-step", "dataloader-iter-step", "closure-only-optimizer", "fast-dev-run", "overfit-batches",
+], ids=["none-returning-step", "dataloader-iter-step", "closure-only-optimizer", "own-transfer-hooks", "fast-dev-run", "overfit-batches",
         "one-batch-per-epoch", "time-based-validation"])
 def test_a_valid_program_the_batch_group_cannot_plan_is_left_alone_and_finishes(model, trainer_kwargs, reason,
                                                                               monkeypatch):
@@ -126,3 +132,19 @@ def test_a_valid_program_the_batch_group_cannot_plan_is_left_alone_and_finishes(
     assert trainer.state.finished
     assert any(s.group == "batch" and reason in s.reason for s in callback.report.skipped)
     assert trainer.accumulate_grad_batches == 1
+
+
+def test_a_custom_collate_fn_is_never_called_outside_training(monkeypatch):
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
+    calls = []
+
+    def collate(samples):
+        calls.append(len(samples))
+        return torch.utils.data.default_collate(samples)
+
+    callback = quiet_pipeopt(tune=("batch",))
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Regressor(hidden=16), DataLoader(SleepyDataset(n=64, delay_s=0.0), batch_size=32, collate_fn=collate))
+    assert calls == [32, 32]  # the two batches trained, nothing else
+    assert any(s.group == "batch" and "its own collate_fn" in s.reason for s in callback.report.skipped)
