@@ -17,6 +17,7 @@ def test_both_ranks_apply_the_same_settings_and_see_what_they_would_have(tmp_pat
     for rank in (0, 1):  # the DistributedSampler's shard, in its order, epoch after epoch
         assert tuned[rank]["seen"] == plain[rank]["seen"]
     assert tuned[0]["trials"] == tuned[1]["trials"] and len(tuned[0]["trials"]) >= 2
+    assert not any("ended before loader tuning finished" in n for n in tuned[0]["notes"]), tuned[0]["notes"]
     assert tuned[0]["changes"] == tuned[1]["changes"] and tuned[0]["changes"]  # the script's world: workers win
     kept = dict(tuned[0]["changes"])
     for rank in (0, 1):  # applied on both ranks

@@ -49,7 +49,9 @@ def main() -> None:
     counter = SamplesPerStep()
     callbacks.append(counter)
     model = Regressor()
-    trainer = pl.Trainer(max_epochs=2, strategy="ddp", callbacks=callbacks,
+    # 4 epochs of 48 steps a rank: room for the whole search and its after-window however fast this machine runs
+    # (a quiet machine fits more trials into the 3 s budget; a 2-epoch fit could end mid-search and keep nothing)
+    trainer = pl.Trainer(max_epochs=4, strategy="ddp", callbacks=callbacks,
                          **quiet_trainer_kwargs(devices=2))
     trainer.fit(model, DataLoader(SleepyDataset(n=768, delay_s=0.003), batch_size=8, shuffle=True))
     loader = trainer.train_dataloader
@@ -59,6 +61,7 @@ def main() -> None:
         "persistent_workers": loader.persistent_workers,
         "trials": [t.settings for t in callbacks[0].report.trials] if mode != "plain" else [],
         "changes": [[c.knob, c.after] for c in callbacks[0].report.changes] if mode != "plain" else [],
+        "notes": callbacks[0].report.notes if mode != "plain" else [],
         "accumulate": trainer.accumulate_grad_batches,
         "samples_per_step": counter.per_step,
     }
