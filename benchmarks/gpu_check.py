@@ -188,8 +188,9 @@ def check_precision_and_batch() -> dict[str, Any]:
                 precision_notes = cb.report.notes
     speedup = statistics.median(walls["fp32"]) / statistics.median(walls["pipeopt"])
     # A batch over the budget: memory_fraction 0.05 of the card (about 7 GB on an H200) against a batch of 512
-    # sequences of 128 tokens, whose fp32 step needs roughly twice that; pipeopt must train it as accumulated
-    # micro-batches (splits go down to 64).
+    # sequences of 128 tokens, whose fp32 step needs roughly twice that (it still runs: the card is larger). pipeopt
+    # measures its peak in a live window, tries the largest split predicted to fit and keeps it once its own window's
+    # peak is within the budget (splits go down to 64).
     fraction = 0.05
     budget = fraction * torch.cuda.get_device_properties(0).total_memory
     counts: list[int] = []
@@ -208,10 +209,11 @@ def check_precision_and_batch() -> dict[str, Any]:
                  cache=False, console=Console(file=io.StringIO()))
     torch.cuda.reset_peak_memory_stats()
     pl.seed_everything(0, verbose=False)
-    trainer = pl.Trainer(accelerator="cuda", devices=1, max_steps=30, callbacks=[cb, Count()], logger=False,
+    trainer = pl.Trainer(accelerator="cuda", devices=1, max_steps=60, callbacks=[cb, Count()], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(TinyTransformer(), DataLoader(data, batch_size=512))
-    peaks = [w.resources.peak_mem_bytes for w in cb.windows if w.resources.peak_mem_bytes]
+    peaks = [(w.label, w.resources.peak_mem_bytes) for w in cb.windows if w.resources.peak_mem_bytes]
+    after = [p for label, p in peaks if label == "after"]
     return {
         "precision": {"chosen": chosen, "fp32_wall_s": walls["fp32"], "pipeopt_wall_s": walls["pipeopt"],
                       "measured_speedup_over_fp32": speedup, "notes": precision_notes},
@@ -219,7 +221,7 @@ def check_precision_and_batch() -> dict[str, Any]:
                   "changes": [(c.knob, c.before, c.after) for c in cb.report.changes],
                   "accumulate_grad_batches": trainer.accumulate_grad_batches,
                   "samples_per_optimizer_step": counts,
-                  "window_peak_bytes": peaks, "peak_within_budget": bool(peaks) and max(peaks) <= budget,
+                  "window_peak_bytes": peaks, "after_peak_within_budget": bool(after) and max(after) <= budget,
                   "notes": cb.report.notes},
     }
 

@@ -286,16 +286,6 @@ def ready_batches(iterator: Any) -> int | None:
 # Precision plugins (public classes; where the strategy keeps its plugin is the seam).
 
 
-def batch_transfer_hooks_overridden(trainer: Any, module: Any) -> list[str]:
-    """The batch-transfer hooks the LightningModule or the Trainer's DataModule define themselves (Lightning calls
-    both when it moves a batch), as opposed to inheriting Lightning's."""
-    lightning = namespace_of(module)
-    hooks = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
-    owners = [(module, lightning.LightningModule), (getattr(trainer, "datamodule", None), lightning.LightningDataModule)]
-    return [f"{type(obj).__name__}.{hook}" for obj, base in owners if obj is not None for hook in hooks
-            if getattr(type(obj), hook, None) is not getattr(base, hook, None)]
-
-
 def precision_of(trainer: Any) -> str:
     """The run's precision flag, e.g. ``"32-true"`` (Lightning's default) or ``"bf16-mixed"``."""
     return str(trainer.strategy.precision_plugin.precision)
@@ -316,21 +306,6 @@ def set_precision_plugin(trainer: Any, plugin: Any) -> None:
     trainer.strategy.precision_plugin = plugin
 
 
-@contextlib.contextmanager
-def no_logging(module: Any) -> Iterator[None]:
-    """Calls to ``self.log`` / ``self.log_dict`` inside a probe of ``training_step`` record nothing."""
-    saved = {name: module.__dict__.get(name) for name in ("log", "log_dict")}
-    module.log = module.log_dict = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                module.__dict__.pop(name, None)
-            else:
-                module.__dict__[name] = value
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Batch plans: where a fit keeps its epoch length and accumulation (Lightning privates and attributes).
 
@@ -339,30 +314,47 @@ def accumulation(trainer: Any) -> int:
     return int(trainer.accumulate_grad_batches)
 
 
-def install_train_loader(trainer: Any, loader: Any, accumulate: int, epoch_iterator: Any = None) -> None:
-    """Train on ``loader`` with ``accumulate`` batches per optimizer step, from the running (first) epoch on.
+def batches_this_epoch(trainer: Any) -> int:
+    """The batches Lightning counted in the running epoch (it steps the optimizer when a multiple of the
+    accumulation is reached)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
 
-    Lightning sized the epoch from the previous loader - the loop's ``max_batches``, the combined loader's limits,
-    the fetcher's length (its ``is_last_batch``), the validation interval - and already created the first
-    epoch's iterator; all are set again here, and ``epoch_iterator`` (the running epoch's batches, re-cut) replaces
-    that iterator. Only for ``limit_train_batches=1.0`` and a fractional ``val_check_interval``."""
+
+def epoch_ends_here(trainer: Any) -> bool:
+    """The batch just trained is the epoch's last (Lightning steps on it whatever the accumulation)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def install_train_loader(trainer: Any, loader: Any, accumulate: int, epoch_iterator: Any = None, *,
+                         epoch_batches: int | None = None) -> None:
+    """Train on ``loader`` with ``accumulate`` batches per optimizer step, from the next batch on.
+
+    Lightning sized the running epoch from the previous loader - the loop's ``max_batches``, the fetcher's length
+    (its ``is_last_batch``), the validation interval - and created its iterator; ``epoch_iterator`` (the rest of
+    the running epoch, re-cut) replaces that iterator, the running epoch is sized to ``epoch_batches`` (its
+    batches so far and those left; default: the loader's length), and later epochs take the loader's length.
+    Only for ``limit_train_batches=1.0`` and ``val_check_interval=1.0``."""
     fit_loop = trainer.fit_loop
     combined = fit_loop._combined_loader
-    length = len(loader)
     combined.flattened = [loader]
-    combined.limits = [length]
+    combined.limits = [len(loader)]
     mode = getattr(combined, "_iterator", None)
     if mode is not None:
         mode.iterables = list(combined.flattened)
-        mode.limits = [length]
+        mode.limits = [len(loader)]
         if epoch_iterator is not None:
             mode.iterators[0] = epoch_iterator
-    fit_loop.max_batches = length
+    length = len(loader) if epoch_batches is None else epoch_batches
+    size_train_epoch(trainer, length)
     fetcher = getattr(fit_loop, "_data_fetcher", None)
     if fetcher is not None:
         fetcher.length = length
-        fetcher.done = length == 0
-    batch_based = getattr(trainer, "val_check_batch", None) not in (None, float("inf"))
-    if isinstance(trainer.val_check_interval, float) and batch_based:
-        trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
+        fetcher.done = fetcher.fetched >= length
     trainer.accumulate_grad_batches = accumulate
+
+
+def size_train_epoch(trainer: Any, length: int) -> None:
+    """The running epoch has ``length`` batches: where it ends and (``val_check_interval=1.0``) validates."""
+    trainer.fit_loop.max_batches = length
+    if getattr(trainer, "val_check_batch", None) not in (None, float("inf")):
+        trainer.val_check_batch = max(1, length)

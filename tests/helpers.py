@@ -47,9 +47,11 @@ class Regressor(pl.LightningModule):
         layers += [nn.Linear(width, 1)]
         self.net = nn.Sequential(*layers)
         self.seen: list[int] = []
+        self.calls = 0  # training_step calls
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, idx = batch
+        self.calls += 1
         self.seen.extend(idx.tolist())
         return (self.net(x).squeeze(-1) - idx.float() / 512).pow(2).mean()
 
@@ -120,20 +122,21 @@ def make_window(**overrides: Any):
 
 
 class TightMemory:
-    """A device-memory probe for ``pipeopt.apply.batch.MEMORY``: ``budget`` bytes to spend, a plan's step peaking at
-    ``per_sample`` bytes per sample of its micro-batch (and out of memory outright above ``oom_above``)."""
+    """A device memory for ``pipeopt.apply.batch.MEMORY`` on CPU: ``budget`` bytes to spend, and a window of
+    training steps under a plan peaking at ``per_sample`` bytes per sample of its micro-batch (nothing kept
+    between steps)."""
 
-    def __init__(self, per_sample: int = 100, budget: int = 1000, oom_above: int | None = None) -> None:
-        self.per_sample, self._budget, self.oom_above = per_sample, budget, oom_above
+    def __init__(self, per_sample: int = 100, budget: int = 1000) -> None:
+        self.per_sample, self._budget = per_sample, budget
 
     def budget(self, device: Any, fraction: float) -> int:
         return self._budget
 
-    def peak(self, plan: Any, run: Any, device: Any) -> int:
-        if self.oom_above is not None and plan.micro > self.oom_above:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        run()
+    def window_peak(self, stats: Any, plan: Any) -> int:
         return self.per_sample * plan.micro
+
+    def between_steps(self, device: Any) -> int:
+        return 0
 
 
 class SamplesPerStep(pl.Callback):

@@ -1,59 +1,47 @@
-"""Probing micro-batch x accumulation plans on real samples of the run (sandboxed), and training on the chosen one
-from the first epoch: the user's batches split into (or merged from) micro-batches, same samples, same order.
+"""Training the running fit on another micro-batch x accumulation plan, from one optimizer step to the next.
 
-Memory is measured, not guessed: on CUDA, the allocator's peak over one sandboxed optimizer step of the plan
-(forward + backward of every micro-batch, then the optimizer step, so optimizer state is counted); an
-out-of-memory error in a probe is caught (only that), the cache emptied, and the plan marked as not fitting. On
-CPU there is no device memory to fill: no peak is measured and the memory budget does not apply - plans are
-compared by speed only (``DeviceMemory`` is the seam where a probe can be injected).
+The user's batches are re-cut where they are made: each split into micro-batches in order, or ``k`` consecutive
+ones joined into one (``Recut``) - the same samples in the same order, every one trained once. ``PlanSwitch`` moves
+the running epoch and the later ones between plans at an optimizer-step boundary where the new accumulation lines
+up with Lightning's count of the epoch's batches, so every optimizer step still sees exactly the effective batch.
+
+Memory is measured on the live run: on CUDA, the allocator's peak over each window of real training steps and what
+the run keeps allocated between steps; on CPU there is no device memory to budget (``DeviceMemory`` is the seam
+where tests inject one).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_collate
 
 from pipeopt import _compat
-from pipeopt.apply.loader import loader_like
 from pipeopt.measure.batch import batch_size, concat_batches, slice_batch
-from pipeopt.measure.sandbox import Sandbox, time_probe, training_loss
-from pipeopt.tuning.batch import BatchPlan, BatchProbe, plans
-
-#: Plans whose micro-batch is smaller than the user's divided by this are not probed (accumulating that many
-#: micro-batches is never faster; it is only a way to fit, and a smaller split that fits is found before).
-MAX_SPLIT = 8
+from pipeopt.measure.window import WindowStats
+from pipeopt.tuning.batch import BatchPlan
 
 
 class DeviceMemory:
-    """The device's memory budget and a probe's peak (None on CPU, where there is no device memory)."""
+    """The device's memory budget, a window's peak and what stays allocated between steps (None on CPU)."""
 
     def budget(self, device: torch.device, fraction: float) -> int | None:
         if device.type != "cuda":
             return None
         return int(fraction * torch.cuda.get_device_properties(device).total_memory)
 
-    def peak(self, plan: BatchPlan, run: Callable[[], Any], device: torch.device) -> int | None:
-        if device.type != "cuda":
-            run()
-            return None
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        run()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device))
+    def window_peak(self, stats: WindowStats, plan: BatchPlan) -> int | None:
+        return stats.resources.peak_mem_bytes
+
+    def between_steps(self, device: torch.device) -> int | None:
+        return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
 
 
 MEMORY = DeviceMemory()
-
-
-def is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.cuda.OutOfMemoryError) or (
-        isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
 
 
 def unsupported(trainer: Any, module: Any, loader: Any) -> str | None:
@@ -71,22 +59,38 @@ def unsupported(trainer: Any, module: Any, loader: Any) -> str | None:
     limit = trainer.limit_train_batches
     if not (isinstance(limit, float) and limit == 1.0):  # an int 1 means one batch, not all of them
         return "limit_train_batches is set: a different micro-batch would change how many samples an epoch has"
-    if not isinstance(getattr(trainer, "val_check_interval", None), float):
-        return "val_check_interval counts batches or time: a different micro-batch would move validation"
+    interval = getattr(trainer, "val_check_interval", None)
+    if not (isinstance(interval, float) and interval == 1.0) or trainer.check_val_every_n_epoch is None:
+        return "validation runs inside the epoch (val_check_interval): a different micro-batch would move it"
     if "dataloader_iter" in _parameters(module.training_step):
         return "training_step takes the dataloader iterator and fetches its own batches"
-    # The probes' sample batch is collated and moved outside training: only where that runs no code of the user's
-    # (until micro-batch plans are tried on the live run).
-    if loader.collate_fn is not default_collate:
-        return ("the loader has its own collate_fn, and pipeopt's probes call no code of yours outside training (it "
-                "may keep state)")
-    hooks = _compat.batch_transfer_hooks_overridden(trainer, module)
-    if hooks:
-        return f"the module moves batches with its own hooks ({', '.join(hooks)}), which pipeopt's probes do not call"
     needs_closure = [type(o).__name__ for o in trainer.optimizers if _required(o.step, "closure")]
     if needs_closure:
         return f"the optimizer ({', '.join(needs_closure)}) steps only with a closure"
+    if trainer.strategy.handles_gradient_accumulation:
+        return f"the strategy ({type(trainer.strategy).__name__}) accumulates gradients itself"
     return None
+
+
+def recuttable(loader: Any, size: int) -> bool:
+    """Whether ``loader`` (the one installed when plans are tried) makes the user's batches of ``size`` from a
+    ``BatchSampler``."""
+    batches = _batch_sampler(loader) if type(loader) is DataLoader else None
+    return batches is not None and batches.batch_size == size
+
+
+def _batch_sampler(loader: DataLoader) -> BatchSampler | None:
+    """The user's ``BatchSampler`` behind the loader's (the loader tuning's rebuilds wrap it: ``.inner``)."""
+    batches = loader.batch_sampler
+    while batches is not None and not isinstance(batches, BatchSampler):
+        batches = getattr(batches, "inner", None)
+    return batches
+
+
+def may_join(loader: DataLoader) -> bool:
+    """Whether the loader's batches may be joined into larger micro-batches: torch's own collation makes batches
+    of equal shape (a collate_fn of the user's may pad each batch to its own length)."""
+    return loader.collate_fn is default_collate
 
 
 def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
@@ -105,33 +109,8 @@ def has_batchnorm(module: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
-class Rebatch:
-    """The user's batch sampler, each index batch split into micro-batches of ``micro`` (``micro`` < the user's
-    batch size) or ``micro // batch_size`` consecutive batches merged into one: the same indices in the same order."""
-
-    def __init__(self, inner: BatchSampler, micro: int) -> None:
-        self.inner = inner
-        self.micro = micro
-
-    @property
-    def sampler(self) -> Any:
-        """Where Lightning looks for ``set_epoch`` (a ``DistributedSampler`` included)."""
-        return self.inner.sampler
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return _recut(iter(self.inner), self.inner.batch_size, self.micro)  # type: ignore[arg-type]
-
-    def __len__(self) -> int:
-        size, micro = self.inner.batch_size, self.micro
-        if micro > size:
-            return math.ceil(len(self.inner) / (micro // size))
-        samples = len(self.inner.sampler)
-        full, rest = divmod(samples, size)
-        return full * math.ceil(size / micro) + (0 if self.inner.drop_last else math.ceil(rest / micro))
-
-
 def _recut(indices: Iterator[list[int]], size: int, micro: int) -> Iterator[list[int]]:
-    """An index-batch stream of ``size`` re-cut like ``Rebatch`` (split into ``micro``, or merged)."""
+    """An index-batch stream of ``size`` re-cut like ``Recut`` (split into ``micro``, or merged)."""
     if micro <= size:
         for batch in indices:
             for start in range(0, len(batch), micro):
@@ -150,17 +129,22 @@ def _recut(indices: Iterator[list[int]], size: int, micro: int) -> Iterator[list
 
 
 class Recut(Iterator[Any]):
-    """The running epoch's batches, already collated at the user's size, re-cut into the plan's micro-batches:
-    each split in order, or ``micro // size`` consecutive ones concatenated. Used for the epoch in progress when a
-    plan is applied (its iterator, and the order it drew, already exist); later epochs use ``Rebatch``. A loader
-    switch mid-epoch takes its remaining indices re-cut the same way."""
+    """A loader iterator's batches, collated at the user's size, re-cut into micro-batches of ``micro``: each
+    split in order, or ``micro // size`` consecutive ones concatenated. A loader switch mid-epoch takes its
+    remaining indices re-cut the same way."""
 
-    def __init__(self, iterator: Iterator[Any], loader: DataLoader, size: int, micro: int) -> None:
-        self._it, self._loader, self._size, self._micro = iterator, loader, size, micro
+    def __init__(self, iterator: Iterator[Any], size: int, micro: int) -> None:
+        self._it, self._size, self._micro = iterator, size, micro
         self._pending: list[Any] = []
 
     def take_index_stream(self) -> Iterator[list[int]]:
         return _recut(_compat.take_index_stream(self._it), self._size, self._micro)
+
+    def unwrap(self) -> Iterator[Any]:
+        """The iterator this one re-cuts, at a point where no part of a batch is held back."""
+        if self._pending:
+            raise RuntimeError("pipeopt: a re-cut batch was left half trained (a plan switch off a step boundary)")
+        return self._it
 
     def __iter__(self) -> Recut:
         return self
@@ -184,75 +168,85 @@ class Recut(Iterator[Any]):
         return concat_batches(parts)
 
     def _shutdown_workers(self) -> None:
-        """Stop the user's loader's workers (it is not used after this epoch)."""
         _compat.shutdown_iterator(self._it)
-        _compat.forget_cached_iterator(self._loader, self._it)
 
 
-def rebatched(user: DataLoader, micro: int) -> DataLoader:
-    """A loader like ``user`` whose batches are ``micro`` samples (see ``Rebatch``)."""
-    return loader_like(user, batch_sampler=Rebatch(user.batch_sampler, micro))  # type: ignore[arg-type]
+class RecutLoader:
+    """A train loader whose batches are the user's loader's, re-cut into micro-batches of ``micro`` (``Recut``).
+    Lightning sizes the epoch from its length and sets the sampler's epoch through ``sampler`` / ``batch_sampler``;
+    everything else reads through to the loader it wraps (its workers, its persistent iterator)."""
+
+    def __init__(self, loader: DataLoader, micro: int) -> None:
+        self.__dict__["loader"] = loader
+        self.__dict__["batch_size"] = micro
+
+    def __iter__(self) -> Recut:
+        return Recut(iter(self.loader), _batch_sampler(self.loader).batch_size, self.batch_size)  # type: ignore[union-attr]
+
+    def __len__(self) -> int:
+        return recut_length(self.loader, self.batch_size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["loader"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # ``_iterator`` (persistent workers) lives in the loader
+        setattr(self.loader, name, value)
 
 
-def sample_batch(trainer: Any, loader: DataLoader, size: int) -> Any:
-    """``size`` samples of the dataset (its first ones, cycled if it is smaller), collated and on the device -
-    read directly, so the run's sampler and RNG are not touched."""
-    n = len(loader.dataset)  # type: ignore[arg-type]
-    batch = loader.collate_fn([loader.dataset[i % n] for i in range(size)])
-    return trainer.strategy.batch_to_device(batch)
+def recut_length(loader: DataLoader, micro: int) -> int:
+    """Batches of micro-batch ``micro`` in one epoch of ``loader`` (whose batch sampler is a ``BatchSampler``:
+    ``recuttable``)."""
+    batches: BatchSampler = _batch_sampler(loader)  # type: ignore[assignment]
+    size = batches.batch_size
+    if micro > size:
+        return math.ceil(len(loader) / (micro // size))
+    samples = len(batches.sampler)  # type: ignore[arg-type]
+    full, rest = divmod(samples, size)
+    drop_last = batches.drop_last
+    return full * math.ceil(size / micro) + (0 if drop_last or not rest else math.ceil(rest / micro))
 
 
-def plan_step(module: Any, optimizers: list[Any], batch: Any, plan: BatchPlan) -> Callable[[], torch.Tensor]:
-    """One optimizer step of ``plan`` on ``batch`` (``plan.effective`` samples): forward + backward of each
-    micro-batch, losses scaled by the accumulation as Lightning does, then the optimizer step."""
+class PlanSwitch:
+    """Moves the running fit between the user's plan and others, at optimizer-step boundaries.
 
-    def step() -> torch.Tensor:
-        module.zero_grad(set_to_none=True)
-        total = torch.zeros(())
-        for i in range(plan.accumulate):
-            micro = slice_batch(batch, i * plan.micro, (i + 1) * plan.micro)
-            loss = training_loss(module, micro, i)
-            (loss / plan.accumulate).backward()
-            total = total + loss.detach().float().cpu()
-        for optimizer in optimizers:
-            optimizer.step()
-        return total / plan.accumulate
+    ``aligned(plan)`` says whether the batches Lightning counted this epoch are a multiple of the plan's
+    accumulation (Lightning steps when that count is), so the next optimizer step gets a whole effective batch;
+    ``switch(plan)`` re-cuts the rest of the running epoch and the later ones, sets the accumulation, and sizes the
+    running epoch - its batches so far plus what is left in the new micro-batches - so that it ends, validates and
+    steps where it would have. Between steps nothing of a user batch is held back, so switching back needs no
+    joins."""
 
-    return step
+    def __init__(self, trainer: Any, loader: DataLoader, user: BatchPlan) -> None:
+        self._trainer, self._base, self.user = trainer, loader, user
+        self.current = user
+        self._consumed = 0  # samples the running epoch trained before its last switch
+        self._since = 0  # the epoch's batch count at its last switch
 
+    def aligned(self, plan: BatchPlan) -> bool:
+        return (_compat.batches_this_epoch(self._trainer) % plan.accumulate == 0
+                or _compat.epoch_ends_here(self._trainer))
 
-def probe_plans(trainer: Any, module: Any, batch: Any, user: BatchPlan, *, memory: DeviceMemory | None = None,
-                repeats: int = 3) -> list[BatchProbe]:
-    """Peak memory and samples/s of each plan (largest micro-batch first) on ``batch``; everything restored."""
-    memory = memory or MEMORY
-    device = trainer.strategy.root_device
-    optimizers = list(trainer.optimizers)
-    probes = []
-    with Sandbox(module, optimizers), _compat.no_logging(module):
-        for plan in plans(user):
-            if plan.micro * MAX_SPLIT < user.micro:
-                continue
-            step = plan_step(module, optimizers, batch, plan)
-            try:
-                peak = memory.peak(plan, step, device)
-                rate, _ = time_probe(step, device=device, repeats=repeats, warmup=0)
-            except Exception as err:  # noqa: BLE001 - only an out-of-memory error is a probe result
-                if not is_oom(err):
-                    raise
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                probes.append(BatchProbe(plan, oom=True))
-                continue
-            probes.append(BatchProbe(plan, peak_bytes=peak, rate=type(rate)(rate.value * plan.effective, rate.rel_se)))
-        module.zero_grad(set_to_none=True)
-    return probes
+    def switch(self, plan: BatchPlan) -> None:
+        trainer = self._trainer
+        count = _compat.batches_this_epoch(trainer)
+        self._consumed += (count - self._since) * self.current.micro
+        self._since = count
+        live = _compat.live_train_iterators(trainer)
+        running = live[0] if live and len(live) == 1 else None
+        if isinstance(running, Recut):
+            running = running.unwrap()
+        if plan == self.user:
+            loader: Any = self._base
+        else:
+            loader = RecutLoader(self._base, plan.micro)
+            running = Recut(running, self.user.micro, plan.micro) if running is not None else None
+        left = max(0, len(loader) - self._consumed // plan.micro)
+        _compat.install_train_loader(trainer, loader, plan.accumulate, running, epoch_batches=count + left)
+        self.current = plan
 
-
-def apply_plan(trainer: Any, user: DataLoader, plan: BatchPlan) -> Recut | None:
-    """Train on ``plan`` from now on: the running epoch's batches re-cut (``Recut``, returned so its workers can be
-    stopped at the end of the fit), later epochs from the rebatched loader, with the plan's accumulation."""
-    loader = rebatched(user, plan.micro)
-    live = _compat.live_train_iterators(trainer)
-    recut = Recut(live[0], user, user.batch_size, plan.micro) if live else None  # type: ignore[arg-type]
-    _compat.install_train_loader(trainer, loader, plan.accumulate, recut)
-    return recut
+    def epoch_started(self) -> None:
+        """A new epoch: its length is the installed loader's (the last one was sized for its switches)."""
+        self._consumed = self._since = 0
+        micro = self.current.micro
+        _compat.size_train_epoch(self._trainer, len(self._base) if micro == self.user.micro
+                                 else recut_length(self._base, micro))

@@ -33,7 +33,6 @@ from pipeopt.report.json_io import write_report
 from pipeopt.report.metrics import summary_metrics, window_metrics
 from pipeopt.report.model import Report, Skipped
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
-from pipeopt.tuning.precision import FP32
 from pipeopt.tuning.session import LoaderSession
 from pipeopt.verdict import judge
 
@@ -192,8 +191,6 @@ class PipeOpt:
     def _release(self, trainer: Any) -> None:
         if self._switcher is not None:
             self._switcher.close()
-        if self._batch is not None:
-            self._batch.close()
         if self._previous_profiler is not None and isinstance(trainer.profiler, ProfilerTap):
             _compat.swap_profiler(trainer, self._previous_profiler)
         if self._sampler is not None:
@@ -203,19 +200,26 @@ class PipeOpt:
 
     # -- loader tuning ------------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if "precision" in self.config.tune and self._meter is not None:
+        if self._meter is None:
+            return
+        if "precision" in self.config.tune:
             self._precision = PrecisionTuning(agree=self._agree, say=self._say, reset_meter=self._meter.reset,
                                               window=self.config.window, min_window_s=self.config.window_s)
             reason = self._precision.start(trainer, pl_module, self._restored)
             if reason is not None:
                 self._skip("precision", reason)
-        if "batch" in self.config.tune and self._meter is not None:
-            self._batch = BatchTuning(memory_fraction=self.config.memory_fraction, agree=self._agree, say=self._say)
+        if "batch" in self.config.tune:
+            self._batch = BatchTuning(memory_fraction=self.config.memory_fraction, agree=self._agree, say=self._say,
+                                      reset_meter=self._meter.reset, window=self.config.window,
+                                      min_window_s=self.config.window_s)
             reason = self._batch.start(trainer, pl_module, self._restored)
             if reason is not None:
                 self._skip("batch", reason)
-        if self.config.tune & {"loader", "dali"} and self._meter is not None:
+        if self.config.tune & {"loader", "dali"}:
             self._start_loader_session(trainer)
+        plan = self._batch
+        if plan is not None and plan.choice is not None and (self._session is None or self._session.state == "done"):
+            plan.begin(trainer, 0)  # the checkpoint's plan, from the first batch (the loader is settled)
 
     def _start_loader_session(self, trainer: Any) -> None:
         groups = [g for g in ("loader", "dali") if g in self.config.tune]
@@ -304,6 +308,8 @@ class PipeOpt:
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if self._timer is not None:
             self._timer.interrupted()
+        if self._batch is not None:
+            self._batch.epoch_started()
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self._timer is not None:
@@ -320,40 +326,64 @@ class PipeOpt:
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._log_step = _compat.logger_step(trainer)  # a window closing in this batch describes this step
-        precision = self._precision
+        precision, plan = self._precision, self._batch
         if precision is not None:
             precision.on_batch_end(trainer, outputs)
+        if plan is not None:
+            plan.on_batch_end(outputs)
         if self._timer is not None:
             self._timer.batch_ended(batch_size(batch), trainer.global_step > self._step_at_batch_start)
         if self._session is not None:
             self._session.on_step_end()
-        if precision is not None and trainer.global_step > self._step_at_batch_start:  # between optimizer steps
-            precision.on_step_end(trainer)
-            if precision.state == "waiting" and (self._session is None or self._session.state == "done"):
-                precision.begin(len(self.windows))  # the loader is settled (or not tuned): precision's turn
+        if trainer.global_step > self._step_at_batch_start:  # between optimizer steps: the groups' turns
+            self._between_steps(trainer)
         if self.config.stop_when_tuned and self._tuning_finished():
             trainer.should_stop = True
+
+    def _between_steps(self, trainer: Any) -> None:
+        """The groups after the loader, one after the other: the batch plan, then precision."""
+        precision, plan = self._precision, self._batch
+        if plan is not None:
+            plan.on_step_end(trainer)
+        if precision is not None:
+            precision.on_step_end(trainer)
+        if self._session is not None and self._session.state != "done":
+            return
+        if plan is not None and plan.state == "waiting":
+            reason = plan.begin(trainer, len(self.windows))
+            if reason is not None:
+                self._skip("batch", reason)
+        if precision is not None and precision.state == "waiting" and (plan is None or plan.decided):
+            precision.begin(len(self.windows))
 
     def _tuning_finished(self) -> bool:
         """Tuning is over and a window was measured after it (the session's own after-window counts)."""
         session = self._session
         if session is not None and session.state != "done":
             return False
-        precision = self._precision
-        if precision is not None and not precision.decided:
+        groups = [g for g in (self._batch, self._precision) if g is not None]
+        if not all(g.decided for g in groups):
             return False
-        if precision is not None and precision.after_from is not None:
-            return len(self.windows) > precision.after_from  # a window measured after the precision decision
+        after_from = self._after_from()
+        if after_from is not None:
+            return len(self.windows) > after_from  # a window measured after the last decision
         if session is not None and session.after is not None:
             return True
         if self._done_at_window is None:
             self._done_at_window = len(self.windows)
         return len(self.windows) > max(self._done_at_window, 1)
 
+    def _after_from(self) -> int | None:
+        """Windows measured before the last group's decision (precision decides after the batch plan)."""
+        return next((g.after_from for g in (self._precision, self._batch) if g is not None and g.after_from is not None),
+                    None)
+
     def _on_window(self, stats: WindowStats) -> None:
         self.windows.append(stats)
         if self._session is not None and self._session.state != "done":
             self._session.on_window(stats)
+        elif self._batch is not None and self._batch.measuring:
+            self._batch.on_window(stats)
         elif self._precision is not None and self._precision.measuring:
             self._precision.on_window(stats)
         trainer = self._trainer
@@ -432,10 +462,10 @@ class PipeOpt:
                 suggestions=[session.suggestion] if session.suggestion else [],
                 predicted_speedup=session.predicted_speedup,
             )
-        precision = self._precision
-        if (precision is not None and precision.choice is not None and precision.choice.precision != FP32
-                and precision.after_from is not None and len(windows) > precision.after_from):
-            after = windows[precision.after_from]  # measured after every change, precision's included
+        after_from = self._after_from()
+        changed = any(g is not None and g.outcome().changes for g in (self._precision, self._batch))
+        if changed and after_from is not None and len(windows) > after_from:
+            after = windows[after_from]  # measured after every change, the batch plan's and precision's included
         for group in (self._precision, self._batch):
             if group is None:
                 continue

@@ -1,5 +1,5 @@
-"""The groups beside the loader search: micro-batch x accumulation, decided before the first epoch from sandboxed
-probes, and precision, tried on the live run once the loader is settled. Each agrees across ranks, applies, and says
+"""The groups beside the loader search, tried on the live run once the loader is settled: micro-batch x
+accumulation, then precision. Each measures windows of real training steps, agrees across ranks, applies, and says
 in the report what it changed and why; a resumed run applies what its checkpoint kept without trying again."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch
 
 from pipeopt import _compat
 from pipeopt.apply import batch as batch_apply
+from pipeopt.apply.batch import PlanSwitch
 from pipeopt.apply import precision as precision_apply
-from pipeopt.measure.sandbox import NoLoss
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.model import Change
-from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchProbe, choose_batch
+from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchSearch, PlanWindow
 from pipeopt.tuning import noise
 from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.precision import (
@@ -43,73 +43,151 @@ class Outcome:
 
 
 class BatchTuning:
-    """Micro-batch x accumulation: probed on samples of the dataset before the first epoch, applied from it."""
+    """Micro-batch x accumulation, tried on the live run once the loader is settled: a window of real training
+    steps under the user's plan, then under at most a few candidates (``BatchSearch``); what is kept trains the
+    rest of the fit, otherwise the user's plan is restored. Switches happen between optimizer steps where the
+    accumulation lines up (``PlanSwitch``), on every rank at the same step: every optimizer step sees the user's
+    effective batch, every sample is trained once, and pipeopt calls no ``training_step`` of its own."""
 
-    def __init__(self, *, memory_fraction: float, agree: Agree, say: Callable[[str], None]) -> None:
-        self._fraction = memory_fraction
-        self._agree = agree
-        self._say = say
+    def __init__(self, *, memory_fraction: float, agree: Agree, say: Callable[[str], None],
+                 reset_meter: Callable[..., None], window: int, min_window_s: float) -> None:
+        self._fraction, self._agree, self._say, self._reset_meter = memory_fraction, agree, say, reset_meter
+        self._window, self._min_window_s = window, min_window_s
         self.user: BatchPlan | None = None
         self.choice: BatchChoice | None = None
-        self._probes_note: str | None = None
-        self._recut: Any = None
+        self.search: BatchSearch | None = None
+        self.state = "waiting"  # -> "baseline" -> "trial" (one per candidate) -> "done"; "switching" in between
+        self.after_from: int | None = None  # windows measured before the decision (the next one is after it)
+        self._switch: PlanSwitch | None = None
+        self._wanted: tuple[BatchPlan, str, str] | None = None  # a switch waiting for its step: plan, label, state
+        self._pending: WindowStats | None = None
+        self._no_loss = False
+        self._windows = 0
+        self._step_s: float | None = None
+        self._module: Any = None
+
+    @property
+    def decided(self) -> bool:
+        return self.state == "done"
+
+    @property
+    def measuring(self) -> bool:
+        return self.state in ("baseline", "trial")
 
     def start(self, trainer: Any, module: Any, restored: dict[str, Any] | None) -> str | None:
-        """Decide and apply; the reason when the run's batch cannot be planned (None when it was)."""
+        """At train start: the reason the run's batch cannot be planned (None when it can)."""
         combined = _compat.train_combined_loader(trainer)
         loaders = list(combined.flattened) if combined is not None else []
-        if len(loaders) != 1:
-            return f"the fit has {len(loaders)} train loaders; pipeopt plans a single one"
-        loader = loaders[0]
-        reason = batch_apply.unsupported(trainer, module, loader)
+        reason = (f"the fit has {len(loaders)} train loaders; pipeopt plans a single one" if len(loaders) != 1
+                  else batch_apply.unsupported(trainer, module, loaders[0]))
         if reason is not None:
+            self.state = "done"
             return reason
-        user = self.user = BatchPlan(loader.batch_size, _compat.accumulation(trainer))
+        self.user = BatchPlan(loaders[0].batch_size, _compat.accumulation(trainer))
         if restored is not None and "batch" in restored:
-            self.choice = BatchChoice(BatchPlan(**restored["batch"]) if restored["batch"] else user, RESUMED)
-        else:
-            sample = batch_apply.sample_batch(trainer, loader, user.effective)
-            why = "training_step returned no loss tensor for a probe batch on another rank"
-            found: list[BatchProbe] | None = None
-            try:
-                found = batch_apply.probe_plans(trainer, module, sample, user)
-            except NoLoss as err:
-                why = str(err)
-            if self._agree([float(found is None)])[0] > 0:  # every rank leaves the plan alone together
-                return why
-            probes = self._agreed(found)  # type: ignore[arg-type]  # not None: no rank failed
-            budget = batch_apply.MEMORY.budget(trainer.strategy.root_device, self._fraction)
-            self.choice = choose_batch(user, probes, budget_bytes=budget, batchnorm=batch_apply.has_batchnorm(module))
-            self._probes_note = _describe_batch_probes(probes, budget)
-            self._say(f"batch: {self.choice.plan.describe()} ({self.choice.reason})")
-        if self.choice.plan != user:
-            self._recut = batch_apply.apply_plan(trainer, loader, self.choice.plan)
+            self.choice = BatchChoice(BatchPlan(**restored["batch"]) if restored["batch"] else self.user, RESUMED)
+        self._module = module
         return None
 
-    def _agreed(self, probes: list[BatchProbe]) -> list[BatchProbe]:
-        """Every rank's probes of the same plans, agreed: the largest peak, any OOM, the slowest rate."""
-        vector: list[float] = []
-        for p in probes:
-            vector += [-1.0 if p.peak_bytes is None else float(p.peak_bytes), float(p.oom),
-                       -(p.rate.value if p.rate else 0.0), p.rate.rel_se if p.rate else 0.0]
-        agreed = self._agree(vector)
-        out = []
-        for i, p in enumerate(probes):
-            peak, oom, rate, se = agreed[4 * i: 4 * i + 4]
-            out.append(BatchProbe(p.plan, None if peak < 0 else int(peak), oom > 0,
-                                  None if oom > 0 or p.rate is None else Rate(-rate, se)))
-        return out
+    def begin(self, trainer: Any, windows_so_far: int) -> str | None:
+        """The loader is settled (or not tuned): a window under the user's plan, or the checkpoint's plan applied;
+        the reason when the installed loader cannot be re-cut (None otherwise)."""
+        self._windows = windows_so_far
+        loader = _compat.train_combined_loader(trainer).flattened[0]
+        user = self.user
+        if user is None:  # start() found the run's batch unplannable
+            self.state = "done"
+            return None
+        if not batch_apply.recuttable(loader, user.micro):
+            self.state = "done"
+            return f"the loader tuning kept a loader pipeopt does not re-cut ({type(loader).__name__})"
+        self._switch = PlanSwitch(trainer, loader, user)
+        if self.choice is not None:  # resumed
+            self._request(trainer, self.choice.plan, "after", "done")
+            return None
+        device = trainer.strategy.root_device
+        budget = batch_apply.MEMORY.budget(device, self._fraction)
+        static = batch_apply.MEMORY.between_steps(device)
+        static = int(self._agree([float(static or 0)])[0]) if static is not None else None
+        self.search = BatchSearch(user, budget_bytes=budget, static_bytes=static,
+                                  batchnorm=batch_apply.has_batchnorm(self._module),
+                                  may_fold=batch_apply.may_join(loader))
+        self.state = "baseline"
+        self._measure(f"batch: {user.describe()}")
+        return None
 
-    def close(self) -> None:
-        """End of fit: stop the workers of the first epoch's re-cut loader, if any."""
-        if self._recut is not None:
-            _compat.shutdown_iterator(self._recut)
-            self._recut = None
+    # -- the loop -------------------------------------------------------------------------------------------
+    def on_batch_end(self, outputs: Any) -> None:
+        if self.measuring and precision_apply.step_loss(outputs) is None:
+            self._no_loss = True  # training_step skipped this batch: its batches are the user's to choose
 
+    def on_window(self, stats: WindowStats) -> None:
+        self._pending = stats
+        self._windows += 1
+
+    def on_step_end(self, trainer: Any) -> None:
+        """Between optimizer steps, the same step on every rank: make a waiting switch, or judge a window."""
+        if self._wanted is not None:
+            plan, label, state = self._wanted
+            if self._switch is not None and self._switch.aligned(plan):
+                self._wanted = None
+                self._switch.switch(plan)
+                self.state = state
+                if state == "done":
+                    self.after_from = self._windows
+                self._measure(label, skip=1)
+            return
+        if self._pending is None or not self.measuring or self.search is None:
+            return
+        stats, self._pending = self._pending, None
+        self._step_s = stats.step_time_s
+        plan = self._switch.current  # type: ignore[union-attr]
+        rate = noise.window_rate(stats, plan)
+        peak = batch_apply.MEMORY.window_peak(stats, plan)
+        agreed = self._agree([-rate.value, rate.rel_se, float(self._no_loss), -1.0 if peak is None else peak])
+        failed = agreed[2] > 0
+        window = PlanWindow(plan, None if failed else Rate(-agreed[0], agreed[1]),
+                            None if agreed[3] < 0 else int(agreed[3]),
+                            "training_step returned no loss for some batches" if failed else None)
+        self.search.record(window)
+        if self.state == "trial":
+            self._say(f"batch trial: {plan.describe()} -> "
+                      + (f"failed ({window.error})" if failed else f"{window.rate.value:,.1f} samples/s"))
+        self._next(trainer)
+
+    def _next(self, trainer: Any) -> None:
+        search = self.search
+        plan = search.propose()  # type: ignore[union-attr]
+        if plan is not None:
+            self._request(trainer, plan, f"batch trial: {plan.describe()}", "trial")
+            return
+        self.choice = search.choice  # type: ignore[union-attr]
+        self._say(f"batch: {self.choice.plan.describe()} ({self.choice.reason})")  # type: ignore[union-attr]
+        self._request(trainer, self.choice.plan, "after", "done")  # type: ignore[union-attr]
+
+    def _request(self, trainer: Any, plan: BatchPlan, label: str, state: str) -> None:
+        """Switch to ``plan`` at this step boundary, or at the first one where its accumulation lines up."""
+        self.state = "switching"
+        self._no_loss = False
+        self._wanted = (plan, label, state)
+        self.on_step_end(trainer)
+
+    def _measure(self, label: str, skip: int = 0) -> None:
+        paced = int(self._min_window_s / self._step_s) if self._step_s else 0
+        self._reset_meter(label, skip, max(self._window, paced))
+
+    def epoch_started(self) -> None:
+        if self._switch is not None:
+            self._switch.epoch_started()
+
+    # -- the report and checkpoints -------------------------------------------------------------------------
     def outcome(self) -> Outcome:
-        out = Outcome(notes=[self._probes_note] if self._probes_note else [])
+        out = Outcome(notes=[_describe_batch_windows(self.search)] if self.search and self.search.windows else [])
         user, choice = self.user, self.choice
-        if user is None or choice is None:
+        if choice is None or user is None:
+            if self.state not in ("waiting", "done") and self._switch is not None:
+                out.notes.insert(0, f"the fit ended while batch plans were being tried; it ended on "
+                                    f"{self._switch.current.describe()}")
             return out
         if choice.plan == user:
             out.notes.insert(0, f"batch: {choice.reason}")
@@ -300,15 +378,13 @@ def _describe_precision_trials(trials: list[PrecisionTrial]) -> str:
     return "precision windows on the live run: " + "; ".join(parts)
 
 
-def _describe_batch_probes(probes: list[BatchProbe], budget: int | None) -> str:
+def _describe_batch_windows(search: BatchSearch) -> str:
     parts = []
-    for p in probes:
-        if p.oom:
-            parts.append(f"{p.plan.micro} x {p.plan.accumulate}: out of memory")
+    for w in search.windows:
+        if w.rate is None:
+            parts.append(f"{w.plan.micro} x {w.plan.accumulate}: failed ({w.error})")
             continue
-        peak = "" if p.peak_bytes is None else f", peak {p.peak_bytes / 2**30:.2f} GiB"
-        rate = "" if p.rate is None else f"{p.rate.value:,.1f} samples/s"
-        parts.append(f"{p.plan.micro} x {p.plan.accumulate}: {rate}{peak}")
-    limit = ("no device memory (CPU): plans compared by speed only" if budget is None
-             else f"budget {budget / 2**30:.2f} GiB")
-    return f"batch probes (micro-batch x accumulation, sandboxed; {limit}): " + "; ".join(parts)
+        peak = "" if w.peak_bytes is None else f", peak {w.peak_bytes / 2**30:.2f} GiB"
+        parts.append(f"{w.plan.micro} x {w.plan.accumulate}: {w.rate.value:,.1f} samples/s{peak}")
+    return f"batch windows on the live run (micro-batch x accumulation; budget {search.budget_text}): " \
+           + "; ".join(parts)

@@ -1,9 +1,20 @@
-"""Choosing micro-batch x gradient accumulation (pure decision: no torch, no Lightning).
+"""Choosing micro-batch x gradient accumulation on the live run (pure decision: no torch, no Lightning).
 
 The effective batch - samples per optimizer step, ``micro x accumulate`` on each rank - is the user's and stays
 so. A plan either splits each of the user's batches into ``k`` micro-batches (accumulating ``k`` times more) or
 folds ``k`` of the user's accumulated batches into one micro-batch: the same samples, in the same order, reach
 each optimizer step.
+
+``BatchSearch`` asks for windows of real training steps: first one under the user's plan, then at most a few
+candidates, each judged on what its own window measured (samples/s, and on CUDA the allocator's peak). What it
+tries follows from the first window:
+
+- the user's plan peaked above the memory budget: the largest split whose peak, predicted from the measured one,
+  fits - kept once its own window's peak is within the budget, a smaller split tried otherwise;
+- it fits and accumulates: the largest fold predicted to fit (on CPU, where there is no device memory to budget,
+  one micro-batch of the whole effective batch) - kept only when faster beyond noise and within the budget;
+- a model with batch norm keeps its micro-batch when it fits (its statistics depend on it); a plan that
+  accumulates nothing has no larger micro-batch with the same effective batch: nothing is tried.
 """
 
 from __future__ import annotations
@@ -11,6 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster
+
+#: Splits go down to the user's micro-batch divided by this (a smaller split only ever buys memory, and one that
+#: fits is found before).
+MAX_SPLIT = 8
 
 
 @dataclass(frozen=True, order=True)
@@ -41,11 +56,13 @@ def plans(user: BatchPlan) -> list[BatchPlan]:
 
 
 @dataclass(frozen=True)
-class BatchProbe:
+class PlanWindow:
+    """What a window of real training steps under ``plan`` measured (agreed across ranks)."""
+
     plan: BatchPlan
-    peak_bytes: int | None = None  # device memory at the probe's peak (None: not measured, e.g. on CPU)
-    oom: bool = False
-    rate: Rate | None = None  # samples/s of the probe
+    rate: Rate | None  # samples/s; None when the window failed
+    peak_bytes: int | None = None  # device memory at the window's peak (None: not measured, e.g. on CPU)
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,35 +71,104 @@ class BatchChoice:
     reason: str
 
 
-def fits(probe: BatchProbe, budget_bytes: int | None) -> bool:
-    if probe.oom:
-        return False
-    return budget_bytes is None or probe.peak_bytes is None or probe.peak_bytes <= budget_bytes
+class BatchSearch:
+    """Ask/tell over plans: ``propose()`` the plan whose window to measure next (None: decided), ``record()`` what
+    it measured, ``choice`` once decided. The first proposal is the user's plan."""
+
+    def __init__(self, user: BatchPlan, *, budget_bytes: int | None, static_bytes: int | None, batchnorm: bool,
+                 may_fold: bool, floor: float = DEFAULT_FLOOR) -> None:
+        self.user = user
+        self._budget = budget_bytes
+        self._static = static_bytes or 0
+        self._batchnorm, self._may_fold, self._floor = batchnorm, may_fold, floor
+        self.windows: list[PlanWindow] = []
+        self.choice: BatchChoice | None = None
+        self._queue: list[BatchPlan] = [user]
+        self._goal: str | None = None  # "fit" (shrink below the budget) or "speed" (one fold, beyond noise)
+
+    @property
+    def budget_text(self) -> str:
+        return "the memory budget" if self._budget is None else f"{self._budget / 2**30:.2f} GiB"
+
+    def propose(self) -> BatchPlan | None:
+        return None if self.choice is not None or not self._queue else self._queue[0]
+
+    def record(self, window: PlanWindow) -> None:
+        self._queue.pop(0)
+        self.windows.append(window)
+        if window.plan == self.user:
+            self._after_baseline(window)
+        elif self._goal == "fit":
+            self._after_split(window)
+        else:
+            self._after_fold(window)
+
+    # -- the steps -------------------------------------------------------------------------------------------
+    def _after_baseline(self, mine: PlanWindow) -> None:
+        user = self.user
+        if mine.rate is None:
+            self._decide(user, f"kept yours: its window failed ({mine.error})")
+        elif not self._fits(mine):
+            self._goal = "fit"
+            self._queue = [p for p in plans(user) if p.micro < user.micro and p.micro * MAX_SPLIT >= user.micro
+                           and self._fits_predicted(p, mine)]
+            if not self._queue:
+                self._decide(user, f"yours peaked at {_gib(mine.peak_bytes)} against {self.budget_text} and no "
+                                   "smaller micro-batch is predicted to fit; kept yours (it runs)")
+        elif self._batchnorm:
+            self._decide(user, "kept your micro-batch: the model has batch norm, whose statistics depend on it")
+        elif user.accumulate == 1:
+            self._decide(user, "kept yours: it accumulates no batches, so no larger micro-batch keeps your "
+                               "effective batch")
+        elif not self._may_fold:
+            self._decide(user, "kept yours: the loader has its own collate_fn, whose batches pipeopt does not join")
+        else:
+            self._goal = "speed"
+            folds = [p for p in plans(user) if p.micro > user.micro and self._fits_predicted(p, mine)]
+            self._queue = folds[:1]
+            if not folds:
+                self._decide(user, f"kept yours: no larger micro-batch is predicted to fit {self.budget_text}")
+
+    def _after_split(self, window: PlanWindow) -> None:
+        if window.rate is not None and self._fits(window):
+            note = " (your model has batch norm: its statistics now see the smaller micro-batch)" \
+                if self._batchnorm else ""
+            mine = self.windows[0]
+            self._decide(window.plan, f"yours peaked at {_gib(mine.peak_bytes)} against {self.budget_text}; "
+                                      f"the largest micro-batch that fits, with the same effective batch{note}")
+        elif not self._queue:
+            self._decide(self.user, f"no smaller micro-batch fitted {self.budget_text}; kept yours (it runs)")
+
+    def _after_fold(self, window: PlanWindow) -> None:
+        mine = self.windows[0]
+        if window.rate is None:
+            self._decide(self.user, f"kept yours: {window.plan.describe()} failed ({window.error})")
+        elif not self._fits(window):
+            self._decide(self.user, f"kept yours: {window.plan.describe()} peaked at {_gib(window.peak_bytes)}, "
+                                    f"over {self.budget_text}")
+        elif faster(window.rate, mine.rate, self._floor):  # type: ignore[arg-type]  # the baseline did not fail
+            speed = window.rate.value / mine.rate.value  # type: ignore[union-attr]
+            self._decide(window.plan, f"{speed:.2f}x the samples/s of yours in its live window, within "
+                                      f"{self.budget_text}")
+        else:
+            self._decide(self.user, f"kept yours: {window.plan.describe()} was not faster beyond noise")
+
+    # -- memory ----------------------------------------------------------------------------------------------
+    def _fits(self, window: PlanWindow) -> bool:
+        return self._budget is None or window.peak_bytes is None or window.peak_bytes <= self._budget
+
+    def _fits_predicted(self, plan: BatchPlan, mine: PlanWindow) -> bool:
+        """The peak of ``plan`` predicted from the user's measured one: what the step keeps between steps
+        (parameters, gradients, optimizer state) stays, the rest grows with the micro-batch."""
+        if self._budget is None or mine.peak_bytes is None:
+            return True
+        per_micro = max(0, mine.peak_bytes - self._static)
+        return self._static + per_micro * plan.micro / self.user.micro <= self._budget
+
+    def _decide(self, plan: BatchPlan, reason: str) -> None:
+        self.choice = BatchChoice(plan, reason)
+        self._queue = []
 
 
-def choose_batch(user: BatchPlan, probes: list[BatchProbe], *, budget_bytes: int | None, batchnorm: bool,
-                 floor: float = DEFAULT_FLOOR) -> BatchChoice:
-    """The fastest plan that fits the memory budget. The user's plan stays unless another fits and is faster beyond
-    noise - or the user's does not fit. A model with batch norm keeps its micro-batch (its statistics depend on
-    it) unless the user's does not fit at all."""
-    by_plan = {p.plan: p for p in probes}
-    mine = by_plan.get(user)
-    fitting = [p for p in probes if fits(p, budget_bytes) and p.rate is not None]
-    budget = "the memory budget" if budget_bytes is None else f"{budget_bytes / 2**30:.2f} GiB"
-    if mine is not None and not fits(mine, budget_bytes):
-        if not fitting:
-            return BatchChoice(user, f"no plan fits {budget}; kept yours")
-        best = max(fitting, key=lambda p: (p.plan.micro, p.rate.value))  # type: ignore[union-attr]
-        why = "out of memory" if mine.oom else f"a peak of {mine.peak_bytes / 2**30:.2f} GiB"  # type: ignore[operator]
-        note = " (your model has batch norm: its statistics now see the smaller micro-batch)" if batchnorm else ""
-        return BatchChoice(best.plan, f"your batch does not fit ({why} against {budget}); the largest micro-batch "
-                                      f"that does, with the same effective batch{note}")
-    if batchnorm:
-        return BatchChoice(user, "kept your micro-batch: the model has batch norm, whose statistics depend on it")
-    if mine is None or mine.rate is None or not fitting:
-        return BatchChoice(user, "kept yours: it could not be compared")
-    best = max(fitting, key=lambda p: p.rate.value)  # type: ignore[union-attr]
-    if best.plan != user and faster(best.rate, mine.rate, floor):  # type: ignore[arg-type]
-        return BatchChoice(best.plan, f"{best.rate.value / mine.rate.value:.2f}x the samples/s of yours in its probe, "  # type: ignore[union-attr]
-                                      f"within {budget}")
-    return BatchChoice(user, "kept yours: no other plan was faster beyond noise")
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"

@@ -1,4 +1,7 @@
-"""Micro-batch x accumulation in real fits on CPU, with an injected device-memory probe."""
+"""Micro-batch x accumulation tried on the live run, in real fits on CPU: an injected device memory
+(``pipeopt.apply.batch.MEMORY``) or controlled rates decide what is kept; the fit, its data and its order are real.
+Whatever is tried, every optimizer step sees the user's effective batch, every sample is trained once per epoch in
+the user's order, and ``training_step`` runs once per trained micro-batch."""
 
 import warnings
 
@@ -8,94 +11,107 @@ import torch
 from torch.utils.data import DataLoader
 
 import pipeopt.apply.batch as batch_apply
+from pipeopt.tuning.batch import BatchPlan
 from tests.helpers import (
     Regressor,
     SamplesPerStep,
     SleepyDataset,
     StateAtTrainEnd,
     TightMemory,
+    controlled_rates,
     quiet_pipeopt,
     quiet_trainer_kwargs,
 )
 
 
-def _fit(callbacks, batchnorm=False):
+def _fit(callbacks, *, batchnorm=False, batch_size=32, accumulate=1, n=256, epochs=2, delay_s=0.0, model=None,
+         **loader_kwargs):
     pl.seed_everything(3, verbose=False)
-    model = Regressor(hidden=16, batchnorm=batchnorm)
-    loader = DataLoader(SleepyDataset(n=256, delay_s=0.0), batch_size=32, shuffle=True)
-    trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, **quiet_trainer_kwargs())
+    model = model or Regressor(hidden=16, batchnorm=batchnorm)
+    loader = DataLoader(SleepyDataset(n=n, delay_s=delay_s), batch_size=batch_size, shuffle=True, **loader_kwargs)
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, accumulate_grad_batches=accumulate,
+                         **quiet_trainer_kwargs())
     trainer.fit(model, loader)
     return model, trainer
 
 
-def test_a_batch_that_does_not_fit_trains_as_accumulated_micro_batches(monkeypatch):
+def _same_training(model, plain):
+    assert model.seen == plain.seen  # every sample once, in the same order: nothing trained twice or skipped
+    for name, value in plain.state_dict().items():  # the same gradients, summed in another order
+        assert torch.allclose(value, model.state_dict()[name], atol=1e-5), name
+
+
+def test_a_batch_over_the_memory_budget_moves_to_accumulated_micro_batches_on_the_live_run(monkeypatch):
     plain, _ = _fit([])
-    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # 100 bytes a sample, 1000 to spend: 32 is over
     counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch",))
     state = StateAtTrainEnd(callback)
     model, trainer = _fit([counter, callback, state])
-    assert trainer.accumulate_grad_batches == 4 and trainer.train_dataloader.batch_size is None  # 8 x 4
+    assert trainer.accumulate_grad_batches == 4 and trainer.train_dataloader.batch_size == 8  # 8 x 4
     assert counter.per_step == [32] * 16  # the user's effective batch at every optimizer step, as many steps
-    assert model.seen[-len(plain.seen):] == plain.seen  # the same samples in the same order (after the probes)
-    for name, value in plain.state_dict().items():  # the same gradients, summed in another order
-        assert torch.allclose(value, model.state_dict()[name], atol=1e-5), name
+    _same_training(model, plain)
+    labels = [w.label for w in callback.windows]
+    assert "batch: micro-batch 32 x accumulate 1" in labels and "batch trial: micro-batch 8 x accumulate 4" in labels
     changes = {c.knob: (c.before, c.after) for c in callback.report.changes}
     assert changes == {"batch_size": (32, 8), "accumulate_grad_batches": (1, 4)}
-    assert any("does not fit" in c.reason for c in callback.report.changes)
+    assert any("largest micro-batch that fits" in c.reason for c in callback.report.changes)
     assert state.state["tuned"]["batch"] == {"micro": 8, "accumulate": 4}
+    assert model.calls == trainer.fit_loop.total_batch_idx + 1  # one call per trained micro-batch
 
 
-def test_an_out_of_memory_probe_backs_off_and_training_goes_on(monkeypatch):
-    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory(oom_above=4))
+@pytest.mark.parametrize("faster", [True, False])
+def test_an_accumulating_plan_is_folded_only_when_its_live_window_is_faster(faster, monkeypatch):
+    plain, _ = _fit([], batch_size=8, accumulate=4)
+    controlled_rates(monkeypatch, lambda plan: 300.0 if faster and plan == BatchPlan(32, 1) else 100.0)
     counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch",))
-    _, trainer = _fit([counter, callback])
-    assert trainer.accumulate_grad_batches == 8 and counter.per_step == [32] * 16
-    assert any("out of memory" in n for n in callback.report.notes)
+    model, trainer = _fit([counter, callback], batch_size=8, accumulate=4)
+    assert any(w.label == "batch trial: micro-batch 32 x accumulate 1" for w in callback.windows)
+    assert trainer.accumulate_grad_batches == (1 if faster else 4)
+    assert counter.per_step == [32] * 16
+    _same_training(model, plain)
+    assert bool(callback.report.changes) is faster
+
+
+def test_a_plan_tried_mid_epoch_with_the_loader_tuned_first_keeps_the_order(monkeypatch):
+    plain, _ = _fit([], n=512, delay_s=0.002, epochs=5)
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
+    counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch", "loader"), budget_s=0.5)
+    model, trainer = _fit([counter, callback], n=512, delay_s=0.002, epochs=5)
+    labels = [w.label for w in callback.windows]
+    assert any(label.startswith("trial") for label in labels)  # the loader was tried, then the plan
+    assert "batch trial: micro-batch 8 x accumulate 4" in labels and trainer.accumulate_grad_batches == 4
+    assert counter.per_step == [32] * 80
+    _same_training(model, plain)
 
 
 def test_a_batch_norm_model_keeps_its_micro_batch_when_it_fits(monkeypatch):
     monkeypatch.setattr(batch_apply, "MEMORY", TightMemory(budget=10**9))
     callback = quiet_pipeopt(tune=("batch",))
-    _, trainer = _fit([callback], batchnorm=True)
-    assert trainer.accumulate_grad_batches == 1
+    _, trainer = _fit([callback], batchnorm=True, batch_size=8, accumulate=4)
+    assert trainer.accumulate_grad_batches == 4
     assert any("batch norm" in n for n in callback.report.notes)
-
-
-def test_loader_trials_mid_epoch_keep_the_micro_batches_and_the_order(monkeypatch):
-    def fit(callbacks):
-        pl.seed_everything(3, verbose=False)
-        model = Regressor(hidden=16)
-        loader = DataLoader(SleepyDataset(n=512, delay_s=0.002), batch_size=32, shuffle=True)
-        trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, **quiet_trainer_kwargs())
-        trainer.fit(model, loader)
-        return model, trainer
-
-    plain, _ = fit([])
-    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
-    counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch", "loader"))
-    model, trainer = fit([counter, callback])
-    before = callback.windows[0]
-    assert before.label == "before" and before.first_step + before.steps < 16  # the first trial's switch came
-    assert any(w.label.startswith("trial") for w in callback.windows)  # inside the first, re-cut, epoch
-    assert trainer.accumulate_grad_batches == 4 and counter.per_step == [32] * 32
-    assert model.seen[-len(plain.seen):] == plain.seen
 
 
 class SkipsOddBatches(Regressor):
     def training_step(self, batch, batch_idx):
-        self.calls = getattr(self, "calls", 0) + 1
         return None if batch_idx % 2 else super().training_step(batch, batch_idx)
+
+
+def test_a_step_that_skips_batches_keeps_the_users_plan(monkeypatch):
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
+    callback = quiet_pipeopt(tune=("batch",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, trainer = _fit([callback], model=SkipsOddBatches(hidden=16))
+    assert trainer.accumulate_grad_batches == 1 and not callback.report.changes
+    assert any("no loss for some batches" in n for n in callback.report.notes)
+    assert model.calls == 8 * 2 // 2  # the batches it trained, half of 8 a epoch (the rest returned None)
 
 
 class IteratorStep(Regressor):
     def training_step(self, dataloader_iter):
         batch, batch_idx, _ = next(dataloader_iter)
         return super().training_step(batch, batch_idx)
-
-
-class OwnTransfer(Regressor):
-    def on_after_batch_transfer(self, batch, dataloader_idx):
-        return batch
 
 
 class NeedsClosure(torch.optim.SGD):
@@ -109,19 +125,18 @@ class ClosureOnly(Regressor):
 
 
 @pytest.mark.parametrize(("model", "trainer_kwargs", "reason"), [
-    (SkipsOddBatches(hidden=16), {}, "returned no loss tensor for a probe batch"),
     (IteratorStep(hidden=16), {}, "takes the dataloader iterator"),
     (ClosureOnly(hidden=16), {}, "steps only with a closure"),
-    (OwnTransfer(hidden=16), {}, "own hooks (OwnTransfer.on_after_batch_transfer)"),
     (Regressor(hidden=16), {"fast_dev_run": 3}, "fast_dev_run"),
     (Regressor(hidden=16), {"overfit_batches": 2}, "overfit_batches"),
     (Regressor(hidden=16), {"limit_train_batches": 1}, "limit_train_batches is set"),  # 1 batch, not 100 %
-    (Regressor(hidden=16), {"val_check_interval": "00:00:00:01"}, "counts batches or time"),
-], ids=["none-returning-step", "dataloader-iter-step", "closure-only-optimizer", "own-transfer-hooks", "fast-dev-run", "overfit-batches",
-        "one-batch-per-epoch", "time-based-validation"])
+    (Regressor(hidden=16), {"val_check_interval": "00:00:00:01"}, "val_check_interval"),
+    (Regressor(hidden=16), {"val_check_interval": 0.5}, "val_check_interval"),
+], ids=["dataloader-iter-step", "closure-only-optimizer", "fast-dev-run", "overfit-batches",
+        "one-batch-per-epoch", "time-based-validation", "validation-mid-epoch"])
 def test_a_valid_program_the_batch_group_cannot_plan_is_left_alone_and_finishes(model, trainer_kwargs, reason,
                                                                               monkeypatch):
-    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # the user's batch "does not fit": a plan would apply
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # the user's batch is over budget: a plan would apply
     callback = quiet_pipeopt(tune=("batch",))
     pl.seed_everything(0, verbose=False)
     kwargs = {"max_epochs": 1, **trainer_kwargs}
@@ -134,17 +149,16 @@ def test_a_valid_program_the_batch_group_cannot_plan_is_left_alone_and_finishes(
     assert trainer.accumulate_grad_batches == 1
 
 
-def test_a_custom_collate_fn_is_never_called_outside_training(monkeypatch):
-    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
+def test_a_custom_collate_fn_runs_only_for_trained_batches_and_its_batches_are_only_split(monkeypatch):
     calls = []
 
     def collate(samples):
         calls.append(len(samples))
         return torch.utils.data.default_collate(samples)
 
+    controlled_rates(monkeypatch, lambda plan: 300.0 if plan.micro == 32 else 100.0)  # a fold would be kept
     callback = quiet_pipeopt(tune=("batch",))
-    pl.seed_everything(0, verbose=False)
-    trainer = pl.Trainer(max_epochs=1, callbacks=[callback], **quiet_trainer_kwargs())
-    trainer.fit(Regressor(hidden=16), DataLoader(SleepyDataset(n=64, delay_s=0.0), batch_size=32, collate_fn=collate))
-    assert calls == [32, 32]  # the two batches trained, nothing else
-    assert any(s.group == "batch" and "its own collate_fn" in s.reason for s in callback.report.skipped)
+    model, trainer = _fit([callback], batch_size=8, accumulate=4, collate_fn=collate)
+    assert calls == [8] * 64  # the batches trained (32 an epoch, 2 epochs), nothing else
+    assert trainer.accumulate_grad_batches == 4 and len(model.seen) == 512
+    assert any("its own collate_fn" in n for n in callback.report.notes)

@@ -57,14 +57,15 @@ def test_resume_applies_the_tuned_precision_and_batch_plan_without_trying_again(
                     ckpt_path=ckpt_path)
         return callback, counter, trainer
 
-    first, _, trainer = fit(epochs=1)
+    first, _, trainer = fit(epochs=2)
     assert trainer.precision == "bf16-mixed" and trainer.accumulate_grad_batches == 4
-    assert any("batch probes" in n for n in first.report.notes)
+    assert any("batch windows on the live run" in n for n in first.report.notes)
     assert any("precision windows on the live run" in n for n in first.report.notes)
-    monkeypatch.setattr(batch_apply, "probe_plans", lambda *a, **k: pytest.fail("batch plans re-probed"))
-    resumed, counter, trainer2 = fit(epochs=2, ckpt_path=tmp_path / "last.ckpt")
+    resumed, counter, trainer2 = fit(epochs=3, ckpt_path=tmp_path / "last.ckpt")
     assert trainer2.precision == "bf16-mixed" and trainer2.accumulate_grad_batches == 4
-    assert not any("precision windows" in n for n in resumed.report.notes)  # applied at once, not tried again
+    assert not any("precision windows" in n or "batch windows" in n  # applied at once, not tried again
+                   for n in resumed.report.notes)
+    assert not any(w.label.startswith(("batch", "precision")) for w in resumed.windows)
     assert counter.per_step == [32] * 16  # the resumed epoch: the same effective batch, in micro-batches of 8
     assert {c.knob: c.after for c in resumed.report.changes} == {
         "precision": "bf16-mixed", "batch_size": 8, "accumulate_grad_batches": 4}

@@ -62,6 +62,8 @@ def main() -> None:
         "trials": [t.settings for t in callbacks[0].report.trials] if mode != "plain" else [],
         "changes": [[c.knob, c.after] for c in callbacks[0].report.changes] if mode != "plain" else [],
         "notes": callbacks[0].report.notes if mode != "plain" else [],
+        "skipped": [[s.group, s.reason] for s in callbacks[0].report.skipped] if mode != "plain" else [],
+        "windows": [w.label for w in callbacks[0].windows] if mode != "plain" else [],
         "accumulate": trainer.accumulate_grad_batches,
         "samples_per_step": counter.per_step,
     }
