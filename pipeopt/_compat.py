@@ -25,8 +25,7 @@ from lightning_utilities.core.rank_zero import rank_zero_warn  # noqa: F401  (re
 #: The two namespaces, by import name.
 NAMESPACES = ("pytorch_lightning", "lightning.pytorch")
 #: Where each keeps its Trainer class (patched by ``pipeopt tune`` as soon as it is imported).
-TRAINER_MODULES = {"pytorch_lightning.trainer.trainer": "pytorch_lightning",
-                   "lightning.pytorch.trainer.trainer": "lightning.pytorch"}
+TRAINER_MODULES = tuple(f"{namespace}.trainer.trainer" for namespace in NAMESPACES)
 
 
 def lightning_in_use() -> ModuleType:

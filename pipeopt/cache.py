@@ -15,11 +15,12 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from pipeopt.files import write_atomic
 
 FORMAT = 1
 
@@ -75,14 +76,7 @@ class TunedCache:
         return dict(data["entries"])
 
     def _write(self, data: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuned-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(data, handle, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

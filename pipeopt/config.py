@@ -72,7 +72,3 @@ class PipeOptConfig:
             raise _bad("cache", self.cache, "True, False or a file path")
         if not isinstance(self.stop_when_tuned, bool):
             raise _bad("stop_when_tuned", self.stop_when_tuned, "True or False")
-
-    @property
-    def observe_only(self) -> bool:
-        return not self.tune

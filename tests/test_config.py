@@ -46,7 +46,7 @@ def test_defaults_and_normalisation():
     assert (cfg.budget_s, cfg.memory_fraction, cfg.cache) == (60.0, 0.9, True)
     assert cfg.report_dir == pathlib.Path("pipeopt_reports")
     observe = PipeOpt(tune=[], report_dir=None, cache="cache.json").config
-    assert observe.observe_only and observe.report_dir is None
+    assert observe.tune == frozenset() and observe.report_dir is None
     assert observe.cache == pathlib.Path("cache.json")
 
 

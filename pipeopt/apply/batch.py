@@ -69,6 +69,25 @@ def unsupported(trainer: Any, module: Any, loader: Any) -> str | None:
         return f"the optimizer ({', '.join(needs_closure)}) steps only with a closure"
     if trainer.strategy.handles_gradient_accumulation:
         return f"the strategy ({type(trainer.strategy).__name__}) accumulates gradients itself"
+    return _partial_last_step(loader, int(trainer.accumulate_grad_batches))
+
+
+def _partial_last_step(loader: DataLoader, accumulate: int) -> str | None:
+    """Why another plan would train an epoch's last optimizer step differently (None when every step of an epoch is
+    a whole effective batch). Lightning divides each micro-batch's loss by the accumulation, also in a last step
+    that holds fewer batches: another micro-batch would weigh that step's samples differently."""
+    batches: BatchSampler = loader.batch_sampler  # type: ignore[assignment]  # checked by the caller
+    try:
+        samples = len(batches.sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return "the train sampler has no length: the epoch's last optimizer step cannot be known"
+    if batches.drop_last:
+        samples -= samples % batches.batch_size
+    effective = batches.batch_size * accumulate
+    if samples % effective:
+        return (f"an epoch's {samples} samples are not whole optimizer steps of {effective} (its last step holds "
+                f"{samples % effective}, which Lightning scales by the accumulation): another micro-batch would weigh "
+                "that step's samples differently")
     return None
 
 

@@ -38,7 +38,6 @@ class Handover(Iterator[Any]):
         self.stream = stream
         self._fallback = fallback
         self._sources: collections.deque[_Source] = collections.deque([_Source(first, first_loader, tracked=False)])
-        self.failures: list[BaseException] = []
 
     def add(self, iterator: Iterator[Any], loader: Any) -> None:
         """Continue with ``iterator`` (fed from ``self.stream``) once the current sources are drained."""
@@ -85,7 +84,6 @@ class Handover(Iterator[Any]):
         raise StopIteration
 
     def _recover(self, err: BaseException) -> None:
-        self.failures.append(err)
         for source in [s for s in self._sources if s.tracked]:
             self._sources.remove(source)
             _compat.kill_workers(source.iterator)  # failed: no graceful join (a hung worker would cost seconds each)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeopt.files import write_atomic
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.console import ROWS, settings_text, trial_cells
 from pipeopt.report.model import Report
@@ -57,16 +56,7 @@ def render_html(report: Report) -> str:
 
 def write_html(report: Report, path: Path) -> Path:
     """Write the page atomically. Raises ``OSError``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pipeopt-", suffix=".html.tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(render_html(report))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, render_html(report))
 
 
 def _verdict(report: Report) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from pipeopt.files import write_atomic
 from pipeopt.report.model import Report
 
 #: JSON Schema of a report file (draft 2020-12).
@@ -20,18 +20,8 @@ def report_filename(report: Report) -> str:
 
 def write_report(report: Report, directory: Path) -> Path:
     """Write ``report`` into ``directory`` atomically (a reader never sees half a file). Raises ``OSError``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / report_filename(report)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".pipeopt-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(report.to_dict(), handle, indent=2, allow_nan=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(directory / report_filename(report),
+                        json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n")
 
 
 def read_report(path: str | os.PathLike[str]) -> Report:

@@ -162,3 +162,16 @@ def test_a_custom_collate_fn_runs_only_for_trained_batches_and_its_batches_are_o
     assert calls == [8] * 64  # the batches trained (32 an epoch, 2 epochs), nothing else
     assert trainer.accumulate_grad_batches == 4 and len(model.seen) == 512
     assert any("its own collate_fn" in n for n in callback.report.notes)
+
+
+def test_an_epoch_whose_last_step_is_short_keeps_the_users_plan(monkeypatch):
+    """72 samples in batches of 32: the last step holds 8, and Lightning divides its loss by the accumulation - a
+    split of it into micro-batches would weigh those 8 samples differently."""
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # over budget: a split would otherwise be tried
+    plain, _ = _fit([], n=72)
+    callback = quiet_pipeopt(tune=("batch",))
+    model, trainer = _fit([callback], n=72)
+    assert trainer.accumulate_grad_batches == 1
+    assert any(s.group == "batch" and "not whole optimizer steps of 32" in s.reason for s in callback.report.skipped)
+    assert model.seen == plain.seen
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in plain.state_dict().items())

@@ -2,7 +2,6 @@
 
 import io
 
-import pytest
 import pytorch_lightning as pl
 from rich.console import Console
 from torch.utils.data import DataLoader
