@@ -18,14 +18,19 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from pipeopt import _compat
 from pipeopt.apply.handover import Handover
-from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, peek_seed
+from pipeopt.apply.index_stream import (
+    IndexStream,
+    ResumingSampler,
+    draw_seed,
+    peek_seed,
+)
 from pipeopt.tuning.loader_search import LoaderSettings
 
 _INIT_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
@@ -127,28 +132,14 @@ def start_loader(
     return iterator, loader
 
 
-def dali_blocker(user: DataLoader) -> str | None:
-    """Why DALI cannot replace this loader (None when it can)."""
-    from pipeopt.dali import Untranslatable, missing, translate
+class LoaderSource(Protocol):
+    """Another maker of the user's batches than a DataLoader (``pipeopt.dali.DaliSource``): the switcher starts it
+    for settings with ``dali`` set. It gives the same batches in the same order - the user's batch sampler,
+    continuing ``first`` (the running epoch's remaining index batches) - and makes the draw from ``generator`` the
+    user's loader makes at each later epoch."""
 
-    if user.batch_sampler is None:
-        return "the loader has batch_size=None (no automatic batching); DALI returns batches"
-    try:
-        translate(user.dataset, user.collate_fn)
-    except Untranslatable as err:
-        return f"DALI cannot rebuild this loader: {err}"
-    return missing()
-
-
-def start_dali(user: DataLoader, recipe: Any, device: str, *, first: Iterator[Any], generator: torch.Generator,
-               num_threads: int) -> tuple[Iterator[Any], Any]:
-    """A DALI loader giving ``user``'s batches (``recipe``: its dataset translated; its batch sampler and RNG draws)
-    that continues ``first``, and its iterator."""
-    from pipeopt.dali import DaliLoader
-
-    sampler = ResumingSampler(user.batch_sampler, first, user_epoch_draw(user, generator))
-    loader = DaliLoader(recipe, sampler, device=device, num_threads=num_threads, seed=draw_seed(generator))
-    return iter(loader), loader
+    def start(self, user: DataLoader, device: str, *, first: Iterator[Any],
+              generator: torch.Generator) -> tuple[Iterator[Any], Any]: ...
 
 
 def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
@@ -166,7 +157,7 @@ def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
 class LoaderSwitcher:
     """Switches the running fit's train loader between settings, and back to the user's."""
 
-    def __init__(self, trainer: Any, *, dali_threads: int = 1) -> None:
+    def __init__(self, trainer: Any, *, dali: LoaderSource | None = None) -> None:
         combined = _compat.train_combined_loader(trainer)
         if combined is None or len(combined.flattened) != 1:
             raise ValueError("loader switching needs exactly one train loader")
@@ -179,18 +170,14 @@ class LoaderSwitcher:
         self.handover: Handover | None = None
         self.current = self.user_settings
         self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
-        self._dali_threads = dali_threads
-        self._recipe: Any = None  # the user's dataset as DALI rebuilds it, once a DALI loader is started
+        self._dali = dali
 
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], Any]:
         if settings.dali:
-            if self._recipe is None:  # translated once: trial, repeat and after-window share it
-                from pipeopt.dali import translate
-
-                self._recipe = translate(self.user.dataset, self.user.collate_fn)
-            return start_dali(self.user, self._recipe, settings.dali, first=stream, generator=self._generator,
-                              num_threads=self._dali_threads)
+            if self._dali is None:
+                raise ValueError(f"{settings.describe()} needs a DALI source; none was given to the switcher")
+            return self._dali.start(self.user, settings.dali, first=stream, generator=self._generator)
         return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout)
 
     def _live_handover(self) -> Handover:

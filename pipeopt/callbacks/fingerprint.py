@@ -8,7 +8,7 @@ import torch
 
 from pipeopt._compat import lightning_versions
 from pipeopt._version import __version__
-from pipeopt.report.environment import cpus_available
+from pipeopt.measure.cpu import cpus_available
 from pipeopt.tuning.loader_search import LoaderSettings
 
 

@@ -13,13 +13,15 @@ from rich.console import Console
 
 from pipeopt import _compat
 from pipeopt._compat import rank_zero_warn
-from pipeopt.apply.loader import LoaderSwitcher, dali_blocker, live_ready_batches, unsupported
+from pipeopt.apply.loader import LoaderSwitcher, live_ready_batches, unsupported
 from pipeopt.cache import TunedCache, default_path, fingerprint
 from pipeopt.callbacks.fingerprint import fit_parts
 from pipeopt.callbacks.start_tuning import BatchTuning, PrecisionTuning
 from pipeopt.config import TUNE_GROUPS, PathLike, PipeOptConfig
+from pipeopt.dali import DaliSource
+from pipeopt.dali import blocker as dali_blocker
 from pipeopt.measure.batch import batch_size
-from pipeopt.measure.cpu import CpuMeter, worker_private_memory
+from pipeopt.measure.cpu import CpuMeter, cpus_available, worker_private_memory
 from pipeopt.measure.device import clock_for
 from pipeopt.measure.nvml import NOT_CUDA, NvmlSampler, device_handle, open_nvml
 from pipeopt.measure.resources import ResourceProbe
@@ -28,6 +30,7 @@ from pipeopt.measure.tap import ProfilerTap
 from pipeopt.measure.window import WindowMeter, WindowStats
 from pipeopt.report import environment
 from pipeopt.report.console import print_report
+from pipeopt.report.findings import loader_suggestion, trial_rows
 from pipeopt.report.html import write_html
 from pipeopt.report.json_io import write_report
 from pipeopt.report.metrics import summary_metrics, window_metrics
@@ -239,8 +242,8 @@ class PipeOpt:
                 dali = "mixed" if cuda else "cpu"
             else:
                 self._skip("dali", reason)
-        cpus = max(1, environment.cpus_available() // max(1, trainer.num_devices))
-        self._switcher = LoaderSwitcher(trainer, dali_threads=cpus)
+        cpus = max(1, cpus_available() // max(1, trainer.num_devices))
+        self._switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
         meter = self._meter
         self._session = LoaderSession(
             self._switcher,
@@ -458,8 +461,8 @@ class PipeOpt:
             notes.extend(session.notes)
             extra = dict(
                 changes=list(session.changes),
-                trials=session.report_trials(),
-                suggestions=[session.suggestion] if session.suggestion else [],
+                trials=trial_rows(session.trials),
+                suggestions=[s for s in [loader_suggestion(session.changes)] if s],
                 predicted_speedup=session.predicted_speedup,
             )
         after_from = self._after_from()

@@ -14,12 +14,12 @@ import torch
 
 from pipeopt import _compat
 from pipeopt.apply import batch as batch_apply
-from pipeopt.apply.batch import PlanSwitch
 from pipeopt.apply import precision as precision_apply
+from pipeopt.apply.batch import PlanSwitch
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.model import Change
-from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchSearch, PlanWindow
 from pipeopt.tuning import noise
+from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchSearch, PlanWindow
+from pipeopt.tuning.findings import Change
 from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.precision import (
     FP32,

@@ -11,14 +11,22 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+)
 
 from pipeopt.apply.index_stream import draw_seed
 from pipeopt.dali.loader import DaliLoader
 from pipeopt.dali.pipeline import missing
 from pipeopt.dali.recipe import Recipe, Untranslatable, translate
+from pipeopt.dali.source import DaliSource, blocker
+from pipeopt.measure.cpu import cpus_available
 
-__all__ = ["DaliLoader", "Recipe", "Untranslatable", "loader_from", "missing", "translate"]
+__all__ = ["DaliLoader", "DaliSource", "Recipe", "Untranslatable", "blocker", "loader_from", "missing", "translate"]
 
 
 def loader_from(
@@ -88,8 +96,6 @@ def loader_from(
     if device == "auto":
         device = "mixed" if torch.cuda.is_available() else "cpu"
     if num_threads is None:
-        from pipeopt.report.environment import cpus_available
-
         # shards on this node: at most one per GPU with "mixed"; CPU shards are taken to share this node
         local = min(shards, torch.cuda.device_count()) if device == "mixed" else shards
         num_threads = max(1, cpus_available() // max(1, local))

@@ -11,7 +11,13 @@ import os
 import weakref
 from typing import Any
 
-from pipeopt.dali.recipe import CenterCrop, RandomResizedCrop, Recipe, ResizeShorter, ResizeTo
+from pipeopt.dali.recipe import (
+    CenterCrop,
+    RandomResizedCrop,
+    Recipe,
+    ResizeShorter,
+    ResizeTo,
+)
 
 #: The external source the encoded files are fed to.
 ENCODED = "encoded"

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import platform
 
 import torch
 
 from pipeopt._compat import lightning_versions
 from pipeopt._version import __version__
+from pipeopt.measure.cpu import cpus_available
 from pipeopt.report.model import Environment
-
-
-def cpus_available() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def collect(device: torch.device, *, world_size: int, gpu_monitoring: str) -> Environment:

@@ -7,22 +7,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeopt.measure.window import WindowStats
+from pipeopt.tuning.findings import Change
 from pipeopt.verdict import Verdict
 
 SCHEMA_VERSION = 2
 #: Older versions ``from_dict`` still reads.
 READABLE_VERSIONS = (1, 2)
 MAX_TIMELINE = 512
-
-
-@dataclass(frozen=True)
-class Change:
-    """A knob pipeopt turned on the run, with the measured reason."""
-
-    knob: str
-    before: Any
-    after: Any
-    reason: str
 
 
 @dataclass(frozen=True)

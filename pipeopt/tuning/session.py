@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.model import Change
-from pipeopt.report.model import Trial as ReportTrial
 from pipeopt.tuning import noise
+from pipeopt.tuning.findings import Change
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
 
@@ -397,15 +396,6 @@ class LoaderSession:
         self.notes.append("resumed from a checkpoint: applied its tuned loader settings without trials")
 
     @property
-    def suggestion(self) -> str | None:
-        """The code that keeps the changes without pipeopt."""
-        if not self.changes:
-            return None
-        if self.changes[0].knob == "dali":
-            return f"pipeopt.dali.loader_from(train_loader, device={self.changes[0].after!r})"
-        return "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in self.changes) + ")"
-
-    @property
     def after_rate(self) -> float | None:
         """The agreed rate of the last after-window (what a cache entry expects of its configuration)."""
         return self._after_rates[-1].value if self._after_rates else None
@@ -422,19 +412,10 @@ class LoaderSession:
             return None
         return self.chosen.rate.value / self._before_rate.value
 
-    def report_trials(self) -> list[ReportTrial]:
-        if self._search is None:
-            return []
-        out = []
-        for trial in self._search.trials:
-            out.append(ReportTrial(
-                settings=trial.settings.as_kwargs(),
-                samples_per_s=trial.rate.value if trial.rate else None,
-                data_wait_frac=trial.data_wait_frac,
-                status="ok" if trial.ok else "failed",
-                error=trial.error,
-            ))
-        return out
+    @property
+    def trials(self) -> list[Trial]:
+        """Every trial of the loader search, in the order tried."""
+        return list(self._search.trials) if self._search is not None else []
 
 
 def _first_line(err: BaseException | None) -> str:

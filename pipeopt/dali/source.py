@@ -1,0 +1,43 @@
+"""DALI as a candidate of the live loader search: the ``LoaderSource`` the switcher starts for DALI settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from pipeopt.apply.index_stream import ResumingSampler, draw_seed
+from pipeopt.apply.loader import user_epoch_draw
+from pipeopt.dali.loader import DaliLoader
+from pipeopt.dali.pipeline import missing
+from pipeopt.dali.recipe import Recipe, Untranslatable, translate
+
+
+def blocker(user: DataLoader) -> str | None:
+    """Why DALI cannot replace this loader (None when it can)."""
+    if user.batch_sampler is None:
+        return "the loader has batch_size=None (no automatic batching); DALI returns batches"
+    try:
+        translate(user.dataset, user.collate_fn)
+    except Untranslatable as err:
+        return f"DALI cannot rebuild this loader: {err}"
+    return missing()
+
+
+class DaliSource:
+    """Starts DALI loaders giving the user's batches, with ``num_threads`` decoding threads; the user's dataset is
+    translated once (a trial, its repeat and the after-window share the recipe)."""
+
+    def __init__(self, num_threads: int) -> None:
+        self._threads = num_threads
+        self._recipe: Recipe | None = None
+
+    def start(self, user: DataLoader, device: str, *, first: Iterator[Any],
+              generator: torch.Generator) -> tuple[Iterator[Any], Any]:
+        if self._recipe is None:
+            self._recipe = translate(user.dataset, user.collate_fn)
+        sampler = ResumingSampler(user.batch_sampler, first, user_epoch_draw(user, generator))
+        loader = DaliLoader(self._recipe, sampler, device=device, num_threads=self._threads, seed=draw_seed(generator))
+        return iter(loader), loader

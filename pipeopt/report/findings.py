@@ -1,0 +1,25 @@
+"""Tuning's findings as report rows and as the code that keeps them without pipeopt."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeopt.report.model import Trial as TrialRow
+from pipeopt.tuning.findings import Change
+from pipeopt.tuning.loader_search import Trial
+
+
+def trial_rows(trials: Sequence[Trial]) -> list[TrialRow]:
+    """The loader search's trials, one report row each."""
+    return [TrialRow(settings=t.settings.as_kwargs(), samples_per_s=t.rate.value if t.rate else None,
+                     data_wait_frac=t.data_wait_frac, status="ok" if t.ok else "failed", error=t.error)
+            for t in trials]
+
+
+def loader_suggestion(changes: Sequence[Change]) -> str | None:
+    """The code that keeps the loader changes without pipeopt (None: nothing changed)."""
+    if not changes:
+        return None
+    if changes[0].knob == "dali":
+        return f"pipeopt.dali.loader_from(train_loader, device={changes[0].after!r})"
+    return "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in changes) + ")"
