@@ -18,6 +18,7 @@ from pipeopt.apply import precision as precision_apply
 from pipeopt.apply.batch import PlanSwitch
 from pipeopt.measure.window import WindowStats
 from pipeopt.tuning import noise
+from pipeopt.tuning.agreement import Held, Pick, ReduceMax, WindowFigures, agree
 from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchSearch, PlanWindow
 from pipeopt.tuning.findings import Change
 from pipeopt.tuning.noise import Rate
@@ -29,7 +30,7 @@ from pipeopt.tuning.precision import (
     choose_precision,
 )
 
-Agree = Callable[[list[float]], list[float]]
+Agree = ReduceMax
 RESUMED = "kept by the run this one resumes (from its checkpoint)"
 
 
@@ -107,8 +108,7 @@ class BatchTuning:
             return None
         device = trainer.strategy.root_device
         budget = batch_apply.MEMORY.budget(device, self._fraction)
-        static = batch_apply.MEMORY.between_steps(device)
-        static = int(self._agree([float(static or 0)])[0]) if static is not None else None
+        static = agree(Held(batch_apply.MEMORY.between_steps(device)), self._agree).bytes
         self.search = BatchSearch(user, budget_bytes=budget, static_bytes=static,
                                   batchnorm=batch_apply.has_batchnorm(self._module),
                                   may_fold=batch_apply.may_join(loader))
@@ -144,10 +144,9 @@ class BatchTuning:
         plan = self._switch.current  # type: ignore[union-attr]
         rate = noise.window_rate(stats, plan)
         peak = batch_apply.MEMORY.window_peak(stats, plan)
-        agreed = self._agree([-rate.value, rate.rel_se, float(self._no_loss), -1.0 if peak is None else peak])
-        failed = agreed[2] > 0
-        window = PlanWindow(plan, None if failed else Rate(-agreed[0], agreed[1]),
-                            None if agreed[3] < 0 else int(agreed[3]),
+        both = agree(WindowFigures(rate.value, rate.rel_se, self._no_loss, peak), self._agree)
+        failed = both.failed
+        window = PlanWindow(plan, None if failed else Rate(both.samples_per_s, both.rel_se), both.peak_bytes,
                             "training_step returned no loss for some batches" if failed else None)
         self.search.record(window)
         if self.state == "trial":
@@ -302,13 +301,13 @@ class PrecisionTuning:
         self._step_s = stats.step_time_s
         rate = noise.window_rate(stats, self._trying)
         failed, failure = self._failure is not None, self._failure
-        agreed_rate, se, any_failed = self._agree([-rate.value, rate.rel_se, float(failed)])
-        trial = PrecisionTrial(self._trying, None if any_failed > 0 else Rate(-agreed_rate, se), tuple(self._losses),
-                               error=(failure or "it failed on another rank") if any_failed > 0 else None)
+        both = agree(WindowFigures(rate.value, rate.rel_se, failed), self._agree)
+        trial = PrecisionTrial(self._trying, None if both.failed else Rate(both.samples_per_s, both.rel_se),
+                               tuple(self._losses), error=(failure or "it failed on another rank") if both.failed else None)
         self.trials.append(trial)
         if self.state == "trial":
             self._say(f"precision trial: {self._trying} -> "
-                      + (f"failed ({trial.error})" if trial.error else f"{-agreed_rate:,.1f} samples/s"))
+                      + (f"failed ({trial.error})" if trial.error else f"{both.samples_per_s:,.1f} samples/s"))
         self._next(trainer)
 
     # -- steps of the plan ----------------------------------------------------------------------------------
@@ -331,8 +330,9 @@ class PrecisionTuning:
     def _agreed_choice(self, local: PrecisionChoice) -> PrecisionChoice:
         """Every rank decides on the agreed rates and its own losses; a choice the ranks do not share keeps fp32."""
         names = [FP32, *[t.precision for t in self.trials if t.precision != FP32]]
-        agreed = self._agree([float(name == local.precision) for name in names])
-        if sum(v > 0 for v in agreed) > 1:
+        index = names.index(local.precision)
+        both = agree(Pick(index, index), self._agree)
+        if both.lowest != both.highest:
             return PrecisionChoice(FP32, "the ranks' windows disagreed on the losses; kept fp32")
         return local
 

@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tune(args: argparse.Namespace, script_args: list[str], parser: argparse.ArgumentParser) -> int:
-    from pipeopt.callbacks import PipeOpt  # imports torch and Lightning: only when there is a run to tune
+    from pipeopt.callbacks import (
+        PipeOpt,  # imports torch and Lightning: only when there is a run to tune
+    )
     from pipeopt.cli.attach import attached
     from pipeopt.cli.script import run_script
 

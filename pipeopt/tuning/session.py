@@ -10,12 +10,13 @@ rank runs the same search on the same numbers and applies the same settings at t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from pipeopt.measure.window import WindowStats
 from pipeopt.tuning import noise
+from pipeopt.tuning.agreement import ANY, MAX, MIN, ReduceMax, agree, agreed
 from pipeopt.tuning.findings import Change
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
@@ -41,43 +42,30 @@ VERIFY_TOLERANCE = 0.20
 
 @dataclass(frozen=True)
 class Agreed:
-    """One window's figures as all ranks agree on them."""
+    """One window's figures as all ranks agree on them: the slowest rate, the largest wait and use, any failure."""
 
-    rate: Rate
-    step_time_s: float
-    data_wait_frac: float
-    transfer_frac: float
-    cpu_main_pct: float | None
-    cpu_workers_pct: float | None
-    worker_mem_bytes: int | None
-    failed: bool
-    over_budget: bool
+    samples_per_s: float = agreed(MIN)
+    rel_se: float = agreed(MAX)
+    step_time_s: float = agreed(MAX)
+    data_wait_frac: float = agreed(MAX)
+    transfer_frac: float = agreed(MAX)
+    cpu_main_pct: float | None = agreed(MAX)
+    cpu_workers_pct: float | None = agreed(MAX)
+    worker_mem_bytes: int | None = agreed(MAX)
+    failed: bool = agreed(ANY)
+    over_budget: bool = agreed(ANY)
 
+    @classmethod
+    def of(cls, stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
+           over_budget: bool) -> Agreed:
+        """This rank's figures for a window measured under ``settings``."""
+        rate, res = noise.window_rate(stats, settings), stats.resources
+        return cls(rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
+                   res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget)
 
-def _local_vector(stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
-                  over_budget: bool) -> list[float]:
-    """Figures arranged so that the element-wise maximum across ranks is the agreed value (rates negated)."""
-    res = stats.resources
-    rate = noise.window_rate(stats, settings)
-    return [-rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
-            -1.0 if res.cpu_main_pct is None else res.cpu_main_pct,
-            -1.0 if res.cpu_workers_pct is None else res.cpu_workers_pct,
-            -1.0 if mem is None else float(mem), float(failed), float(over_budget)]
-
-
-def _agreed(vector: Sequence[float]) -> Agreed:
-    rate, se, step, wait, transfer, cpu_main, cpu_workers, mem, failed, over = vector
-    return Agreed(
-        rate=Rate(-rate, se),
-        step_time_s=step,
-        data_wait_frac=wait,
-        transfer_frac=transfer,
-        cpu_main_pct=None if cpu_main < 0 else cpu_main,
-        cpu_workers_pct=None if cpu_workers < 0 else cpu_workers,
-        worker_mem_bytes=None if mem < 0 else int(mem),
-        failed=failed > 0,
-        over_budget=over > 0,
-    )
+    @property
+    def rate(self) -> Rate:
+        return Rate(self.samples_per_s, self.rel_se)
 
 
 class LoaderSession:
@@ -94,7 +82,7 @@ class LoaderSession:
         clock: Callable[[], float],
         say: Callable[[str], None] = lambda line: None,
         worker_memory: Callable[[], int | None] = lambda: None,
-        agree: Callable[[list[float]], list[float]] = lambda values: values,
+        agree: ReduceMax = lambda values: values,
         floor: float = DEFAULT_FLOOR,
         min_trial_timeout_s: float = 10.0,
     ) -> None:
@@ -147,7 +135,7 @@ class LoaderSession:
         stats, self._pending = self._pending, None
         over_budget = self._elapsed() > self._budget_s
         mem = self._worker_memory() if self._switcher.current.num_workers else None
-        agreed = _agreed(self._agree(_local_vector(stats, self._applied, mem, self._failure is not None, over_budget)))
+        agreed = agree(Agreed.of(stats, self._applied, mem, self._failure is not None, over_budget), self._agree)
         failure, self._failure = self._failure, None
         self._last_step_s = agreed.step_time_s
         {"before": self._on_before, "trial": self._on_trial, "after": self._on_after, "verify": self._on_verify}[
@@ -354,7 +342,7 @@ class LoaderSession:
         if not agreed.failed and len(self._after_rates) < 2:  # short of it: one more window before re-tuning
             self._measure("cached (again)", 0, self._applied)
             return
-        agreed = dataclasses.replace(agreed, rate=measured) if measured is not None else agreed
+        agreed = dataclasses.replace(agreed, samples_per_s=measured.value, rel_se=measured.rel_se) if measured else agreed
         why = "its workers failed" if agreed.failed else (
             f"{agreed.rate.value:,.1f} samples/s against {expected.value:,.1f} when cached" if expected else "")
         self.notes.append(f"the cached loader configuration did not verify ({why}); tuned afresh")

@@ -1,7 +1,8 @@
 """The tuning session against a fake switcher and fake ranks: the agreed figures drive every decision."""
 
+from pipeopt.tuning.agreement import agree
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
-from pipeopt.tuning.session import LoaderSession, _agreed, _local_vector
+from pipeopt.tuning.session import Agreed, LoaderSession
 from tests.helpers import make_window
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
@@ -100,13 +101,14 @@ def test_an_after_window_that_is_not_faster_reverts_to_the_users_loader():
     assert s.changes == [] and s.kept is None
 
 
-def test_the_local_vector_orders_figures_for_an_elementwise_maximum():
-    w = window(250.0, 0.3)
-    v = _local_vector(w, USER, mem=None, failed=False, over_budget=True)
-    assert v[0] == -250.0 and v[2] == w.step_time_s and v[3] == 0.3 and v[7] == -1.0 and v[-1] == 1.0
-    agreed = _agreed([max(a, b) for a, b in zip(v, _local_vector(window(200.0, 0.5), USER, mem=None, failed=False,
-                                                                   over_budget=False))])
-    assert agreed.rate.value == 200.0 and agreed.data_wait_frac == 0.5 and agreed.over_budget  # the worst of each
+def test_ranks_agree_on_the_slowest_rate_and_the_largest_wait_of_a_window():
+    mine = Agreed.of(window(250.0, 0.3), USER, mem=None, failed=False, over_budget=True)
+    theirs = Agreed.of(window(200.0, 0.5), USER, mem=None, failed=False, over_budget=False)
+    vector = []
+    agree(theirs, lambda v: vector.extend(v) or v)  # what the other rank contributes
+    both = agree(mine, lambda v: [max(a, b) for a, b in zip(v, vector)])
+    assert both.rate.value == 200.0 and both.data_wait_frac == 0.5 and both.over_budget  # the worst of each
+    assert both.worker_mem_bytes is None and not both.failed
 
 
 def test_a_cached_configuration_is_trusted_when_it_verifies():
