@@ -45,6 +45,7 @@ browser:
 # The suite, then the DALI tests where DALI and torchvision are installed (in .venv they skip and say so). That no
 # pipeopt code validates with `assert` (which `python -O` strips) is checked statically by tests/test_package.py.
 test: $(STAMP) $(VISION_STAMP) browser
+	$(PY) -m ruff check pipeopt tests benchmarks examples
 	$(PY) -m pytest -q
 	$(VPY) -m pytest -q -p no:cacheprovider $(DALI_TESTS)
 

@@ -4,9 +4,10 @@
 
 Drives the same pieces a fit drives - the profiler tap's three action pairs, the step timer, the window meter with
 the real CPU/memory probe closing a window every 20 steps, and the per-step count of ready batches in a live
-DataLoader iterator with 8 workers (its queue's ``qsize`` and out-of-order results) - and reports microseconds per step, and that cost as a
-share of the compute-bound scenario's measured step time (benchmarks/results/compute_bound.json). This is the
-figure behind "measuring costs <= 1 %" that the side-by-side fits cannot resolve: their noise is +-2 % here.
+DataLoader iterator with 8 workers (its queue's ``qsize`` and out-of-order results) - and reports microseconds
+per step, and that cost as a share of the compute-bound scenario's measured step time
+(benchmarks/results/compute_bound.json). This is the figure behind "measuring costs <= 1 %" that the side-by-side
+fits cannot resolve: their noise is +-2 % here.
 Writes benchmarks/results/bookkeeping.json.
 """
 
@@ -18,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeopt import _compat

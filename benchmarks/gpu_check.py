@@ -78,7 +78,8 @@ class KnownDeviceTime(pl.LightningModule):
 class BigMLP(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 8192), nn.GELU(), nn.Linear(8192, 10))
+        self.net = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 8192), nn.GELU(),
+                                 nn.Linear(8192, 10))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -170,7 +171,8 @@ class TinyTransformer(pl.LightningModule):
 
 def _tokens(n: int, seq: int = 128) -> torch.utils.data.TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return torch.utils.data.TensorDataset(torch.randint(0, 1000, (n, seq), generator=g), torch.randint(0, 10, (n,), generator=g))
+    return torch.utils.data.TensorDataset(torch.randint(0, 1000, (n, seq), generator=g),
+                                          torch.randint(0, 10, (n,), generator=g))
 
 
 def check_precision_and_batch() -> dict[str, Any]:

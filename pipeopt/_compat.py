@@ -313,6 +313,18 @@ def accumulation(trainer: Any) -> int:
     return int(trainer.accumulate_grad_batches)
 
 
+def planned_steps(trainer: Any) -> int | None:
+    """The optimizer steps the whole fit will run, from ``max_steps`` and ``max_epochs`` x the epoch's steps (None
+    when neither bounds it)."""
+    limits = []
+    if trainer.max_steps not in (None, -1):
+        limits.append(int(trainer.max_steps))
+    batches = trainer.num_training_batches
+    if trainer.max_epochs not in (None, -1) and batches not in (None, float("inf")):
+        limits.append(int(trainer.max_epochs) * -(-int(batches) // max(1, int(trainer.accumulate_grad_batches))))
+    return min(limits) if limits else None
+
+
 def batches_this_epoch(trainer: Any) -> int:
     """The batches Lightning counted in the running epoch (it steps the optimizer when a multiple of the
     accumulation is reached)."""

@@ -69,7 +69,8 @@ class TunedCache:
             warnings.warn(f"PipeOpt: the tuning cache {self.path} is corrupt ({err}); ignoring it. It is rewritten "
                           "at the next tuned run; delete it to start afresh.", stacklevel=3)
             return {}
-        if not isinstance(data, dict) or data.get("pipeopt_cache") != FORMAT or not isinstance(data.get("entries"), dict):
+        entries = data.get("entries") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or data.get("pipeopt_cache") != FORMAT or not isinstance(entries, dict):
             warnings.warn(f"PipeOpt: {self.path} is not a pipeopt tuning cache of format {FORMAT}; ignoring it. "
                           "Pass `cache=` another path to keep that file.", stacklevel=3)
             return {}

@@ -21,7 +21,8 @@ def _bad(name: str, value: object, allowed: str) -> ValueError:
 def parse_tune(value: object) -> frozenset[str]:
     """Turn ``tune=`` into a set of group names, naming any unknown group and the allowed ones."""
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise _bad("tune", value, f"a collection drawn from {set(TUNE_GROUPS)}, e.g. tune=('loader',); () observes only")
+        raise _bad("tune", value,
+                   f"a collection drawn from {set(TUNE_GROUPS)}, e.g. tune=('loader',); () observes only")
     groups = list(value)
     unknown = [g for g in groups if g not in TUNE_GROUPS]
     if unknown:
@@ -57,7 +58,8 @@ class PipeOptConfig:
         if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 2:
             raise _bad("window", self.window, "an int >= 2 (optimizer steps per measurement window)")
         if not _is_number(self.window_s) or not self.window_s >= 0:
-            raise _bad("window_s", self.window_s, "a number of seconds >= 0 (the shortest trial window; 0: `window` steps)")
+            raise _bad("window_s", self.window_s,
+                       "a number of seconds >= 0 (the shortest trial window; 0: `window` steps)")
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
             raise _bad("warmup", self.warmup, "an int >= 0 (optimizer steps ignored at the start)")
         if self.report_dir is not None:

@@ -113,9 +113,10 @@ def make_window(**overrides: Any):
 
     fields: dict[str, Any] = dict(
         index=0, label="observe", first_step=5, steps=10, samples=320, duration_s=1.0, step_time_s=0.1,
-        step_time_std_s=0.01, rate_rel_se=0.02, wait_s=0.04, transfer_s=0.0, compute_s=0.05, samples_per_s=320.0, steps_per_s=10.0,
-        data_wait_frac=0.4, transfer_frac=0.0, busy_frac=0.5,
-        resources=ResourceFigures(cpu_main_pct=98.0, cpu_workers_pct=0.0, workers=0, gpu_status="n/a (no NVIDIA driver)"),
+        step_time_std_s=0.01, rate_rel_se=0.02, wait_s=0.04, transfer_s=0.0, compute_s=0.05, samples_per_s=320.0,
+        steps_per_s=10.0, data_wait_frac=0.4, transfer_frac=0.0, busy_frac=0.5,
+        resources=ResourceFigures(cpu_main_pct=98.0, cpu_workers_pct=0.0, workers=0,
+                                  gpu_status="n/a (no NVIDIA driver)"),
     )
     fields.update(overrides)
     return WindowStats(**fields)

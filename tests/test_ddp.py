@@ -1,4 +1,5 @@
-"""Loader and batch tuning under DDP: 2 CPU ranks (gloo), each fit run as a separate process (see scripts/ddp_fit.py)."""
+"""Loader and batch tuning under DDP: 2 CPU ranks (gloo), each fit run as a separate process
+(see scripts/ddp_fit.py)."""
 
 from pathlib import Path
 

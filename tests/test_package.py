@@ -40,7 +40,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level:  # relative: resolved against this module's package
-            base = module.split(".")[: -node.level] if path.name != "__init__.py" else module.split(".")[: -node.level + 1]
+            keep = -node.level if path.name != "__init__.py" else -node.level + 1  # a package is its own base
+            base = module.split(".")[:keep] if keep else module.split(".")
             found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "pipeopt" else [node.module]

@@ -6,7 +6,8 @@ from tests.helpers import make_window
 
 @pytest.mark.parametrize(
     ("wait_frac", "kind"),
-    [(0.0, COMPUTE_BOUND), (0.09, COMPUTE_BOUND), (0.1, BALANCED), (0.29, BALANCED), (0.3, INPUT_BOUND), (0.9, INPUT_BOUND)],
+    [(0.0, COMPUTE_BOUND), (0.09, COMPUTE_BOUND), (0.1, BALANCED), (0.29, BALANCED), (0.3, INPUT_BOUND),
+     (0.9, INPUT_BOUND)],
 )
 def test_kind_follows_the_data_wait_fraction(wait_frac, kind):
     w = make_window(data_wait_frac=wait_frac, wait_s=wait_frac * 0.1, compute_s=0.01)

@@ -205,26 +205,45 @@ class PipeOpt:
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._meter is None:
             return
+        short = None if self._restored is not None else self._too_short(trainer)
         if "precision" in self.config.tune:
             self._precision = PrecisionTuning(agree=self._agree, say=self._say, reset_meter=self._meter.reset,
                                               window=self.config.window, min_window_s=self.config.window_s)
-            reason = self._precision.start(trainer, pl_module, self._restored)
+            reason = self._precision.start(trainer, pl_module, self._restored) or short
             if reason is not None:
-                self._skip("precision", reason)
+                self._precision.leave_alone()
+                self._skip("precision", reason, warn=reason is not short)
         if "batch" in self.config.tune:
             self._batch = BatchTuning(memory_fraction=self.config.memory_fraction, agree=self._agree, say=self._say,
                                       reset_meter=self._meter.reset, window=self.config.window,
                                       min_window_s=self.config.window_s)
-            reason = self._batch.start(trainer, pl_module, self._restored)
+            reason = self._batch.start(trainer, pl_module, self._restored) or short
             if reason is not None:
-                self._skip("batch", reason)
+                self._batch.leave_alone()
+                self._skip("batch", reason, warn=reason is not short)
         if self.config.tune & {"loader", "dali"}:
-            self._start_loader_session(trainer)
+            self._start_loader_session(trainer, short)
         plan = self._batch
         if plan is not None and plan.choice is not None and (self._session is None or self._session.state == "done"):
             plan.begin(trainer, 0)  # the checkpoint's plan, from the first batch (the loader is settled)
+        shorted = [s.group for s in self._skipped if s.reason is short]
+        if shorted:  # one warning for the fit, not one a group
+            rank_zero_warn(f"PipeOpt: not tuning the {', '.join(shorted)}: {short}.")
 
-    def _start_loader_session(self, trainer: Any) -> None:
+    def _too_short(self, trainer: Any) -> str | None:
+        """Why the fit is too short for any tuning to pay back its cost (None when it is not, or unbounded): a
+        group needs a window before, one trial and one after, each ``window`` steps, after the warm-up."""
+        planned = _compat.planned_steps(trainer)
+        if planned is None:
+            return None
+        left, need = planned - trainer.global_step, self.config.warmup + 3 * self.config.window
+        if left >= need:
+            return None
+        return (f"the fit has {left} optimizer steps left; a window before, one trial and one after need at least "
+                f"{need} (warmup={self.config.warmup} + 3 x window={self.config.window}): too short for tuning to pay "
+                "back its cost, so pipeopt only observes")
+
+    def _start_loader_session(self, trainer: Any, short: str | None) -> None:
         groups = [g for g in ("loader", "dali") if g in self.config.tune]
         loaders = _compat.train_combined_loader(trainer)
         flattened = list(loaders.flattened) if loaders is not None else []
@@ -242,6 +261,10 @@ class PipeOpt:
                 dali = "mixed" if cuda else "cpu"
             else:
                 self._skip("dali", reason)
+        if short is not None:
+            for group in [g for g in groups if g == "loader" or dali is not None]:
+                self._skip(group, short, warn=False)
+            return
         cpus = max(1, cpus_available() // max(1, trainer.num_devices))
         self._switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
         meter = self._meter
@@ -300,9 +323,10 @@ class PipeOpt:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=self._log_step)
 
-    def _skip(self, group: str, reason: str) -> None:
+    def _skip(self, group: str, reason: str, *, warn: bool = True) -> None:
         self._skipped.append(Skipped(group, reason))
-        rank_zero_warn(f"PipeOpt: not tuning the {group}: {reason}.")
+        if warn:
+            rank_zero_warn(f"PipeOpt: not tuning the {group}: {reason}.")
 
     def _say(self, line: str) -> None:
         (self._console or Console()).print(f"[bold]pipeopt[/bold] {line}", highlight=False)
@@ -378,8 +402,8 @@ class PipeOpt:
 
     def _after_from(self) -> int | None:
         """Windows measured before the last group's decision (precision decides after the batch plan)."""
-        return next((g.after_from for g in (self._precision, self._batch) if g is not None and g.after_from is not None),
-                    None)
+        groups = [g for g in (self._precision, self._batch) if g is not None]
+        return next((g.after_from for g in groups if g.after_from is not None), None)
 
     def _on_window(self, stats: WindowStats) -> None:
         self.windows.append(stats)

@@ -75,6 +75,10 @@ class BatchTuning:
     def measuring(self) -> bool:
         return self.state in ("baseline", "trial")
 
+    def leave_alone(self) -> None:
+        """Nothing is tried in this fit (the reason is in the report)."""
+        self.state, self.user = "done", None
+
     def start(self, trainer: Any, module: Any, restored: dict[str, Any] | None) -> str | None:
         """At train start: the reason the run's batch cannot be planned (None when it can)."""
         combined = _compat.train_combined_loader(trainer)
@@ -243,6 +247,10 @@ class PrecisionTuning:
     def measuring(self) -> bool:
         return self.state in ("baseline", "trial")
 
+    def leave_alone(self) -> None:
+        """Nothing is tried in this fit (the reason is in the report)."""
+        self.skipped, self.state = True, "done"
+
     def start(self, trainer: Any, module: Any, restored: dict[str, Any] | None) -> str | None:
         """At train start: apply what a checkpoint kept, or get ready to try; the reason when precision is left
         alone (None otherwise)."""
@@ -302,8 +310,9 @@ class PrecisionTuning:
         rate = noise.window_rate(stats, self._trying)
         failed, failure = self._failure is not None, self._failure
         both = agree(WindowFigures(rate.value, rate.rel_se, failed), self._agree)
+        error = (failure or "it failed on another rank") if both.failed else None
         trial = PrecisionTrial(self._trying, None if both.failed else Rate(both.samples_per_s, both.rel_se),
-                               tuple(self._losses), error=(failure or "it failed on another rank") if both.failed else None)
+                               tuple(self._losses), error=error)
         self.trials.append(trial)
         if self.state == "trial":
             self._say(f"precision trial: {self._trying} -> "

@@ -33,7 +33,9 @@ def attached(make_callback: Callable[[], Any], kind: type) -> Iterator[list[Any]
         @functools.wraps(original)  # Lightning reads the signature for its PL_TRAINER_* environment defaults
         def init(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
             callbacks = kwargs.pop("callbacks", None)
-            callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+            if callbacks is None:
+                callbacks = []
+            callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
             own = [c for c in callbacks if isinstance(c, kind)]
             if not own:
                 own = [make_callback()]

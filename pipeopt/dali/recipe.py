@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 #: File types DALI's image decoder reads (torchvision's default loader reads these through PIL too).
 DECODABLE = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".pnm", ".ppm", ".pgm", ".pbm", ".webp",
@@ -61,7 +61,7 @@ class CenterCrop:
     width: int
 
 
-Geometry = Union[ResizeShorter, ResizeTo, RandomResizedCrop, CenterCrop]
+Geometry = ResizeShorter | ResizeTo | RandomResizedCrop | CenterCrop
 
 
 @dataclass(frozen=True)

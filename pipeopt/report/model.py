@@ -119,7 +119,8 @@ class Report:
             verdict = data["verdict"] and {**data["verdict"]}
             if verdict:
                 verdict["input_free_speedup"] = verdict.pop("predicted_speedup")
-            data = {**data, "verdict": verdict, "predicted_speedup": data["predicted_speedup"] if data["changes"] else None}
+            predicted = data["predicted_speedup"] if data["changes"] else None
+            data = {**data, "verdict": verdict, "predicted_speedup": predicted}
 
         def window(d: dict[str, Any] | None) -> WindowStats | None:
             return WindowStats.from_dict(d) if d else None

@@ -3,7 +3,8 @@
 The search (a plan, fed one measured trial at a time):
 1. Compute-bound (data wait below 10 %): stop; more workers would only take CPU from the step.
 2. Grow ``num_workers`` geometrically (0 -> 1 -> 2 -> 4 ...) while each step is faster than the best so far
-   beyond noise (a count too close to call is measured once more and judged on both windows), until the data wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
+   beyond noise (a count too close to call is measured once more and judged on both windows), until the data
+   wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
    two workers per CPU this rank may use always fit; beyond that the measured CPU per worker times the count
    must fit those CPUs (workers that mostly wait on storage use little CPU and may outnumber the cores), and
    their measured private memory must fit the memory available.
@@ -258,7 +259,8 @@ class LoaderSearch:
             if faster(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
                 best = trial
                 if (trial.data_wait_frac or 0.0) < INPUT_SOLVED_WAIT:
-                    self.stop_reason = f"with {_workers(n)} the loop waits for data {trial.data_wait_frac:.0%} of a step"
+                    self.stop_reason = (f"with {_workers(n)} the loop waits for data "
+                                        f"{trial.data_wait_frac:.0%} of a step")
                     return
             elif not (n == 1 and best is self.baseline):
                 self.stop_reason = (f"{_workers(n)} were not faster than {_workers(best.settings.num_workers)} "

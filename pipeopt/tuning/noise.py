@@ -1,7 +1,7 @@
 """Comparing measured throughputs with their noise.
 
-A window's rate carries two kinds of noise: the spread within it (the standard error of its block means) and drift between
-windows on a shared machine. Two rates differ only when the gap exceeds both twice their combined standard
+A window's rate carries two kinds of noise: the spread within it (the standard error of its block means) and
+drift between windows on a shared machine. Two rates differ only when the gap exceeds both twice their combined standard
 error and a floor for the drift (5 % unless told otherwise: the same setting measured twice on a shared machine
 differed by about that much, and by more while other work ran).
 """

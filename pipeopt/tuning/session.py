@@ -254,8 +254,8 @@ class LoaderSession:
                 return "workers would otherwise restart at every remaining epoch boundary"
             if knob == "prefetch_factor" and user.num_workers == 0:
                 return "comes with worker processes (torch's default)"
-            return (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s in its trial; the cheapest setting no other trial "
-                    "beat beyond noise")
+            return (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s in its trial; the cheapest setting no other "
+                    "trial beat beyond noise")
 
         self._set_changes(chosen.settings, reason)
         self._say(f"kept {chosen.settings.describe()}")
@@ -342,7 +342,8 @@ class LoaderSession:
         if not agreed.failed and len(self._after_rates) < 2:  # short of it: one more window before re-tuning
             self._measure("cached (again)", 0, self._applied)
             return
-        agreed = dataclasses.replace(agreed, samples_per_s=measured.value, rel_se=measured.rel_se) if measured else agreed
+        if measured is not None:
+            agreed = dataclasses.replace(agreed, samples_per_s=measured.value, rel_se=measured.rel_se)
         why = "its workers failed" if agreed.failed else (
             f"{agreed.rate.value:,.1f} samples/s against {expected.value:,.1f} when cached" if expected else "")
         self.notes.append(f"the cached loader configuration did not verify ({why}); tuned afresh")

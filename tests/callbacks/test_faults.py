@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader, get_worker_info
 from pipeopt.measure.tap import ProfilerTap
 from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs
 
-
 tuner = quiet_pipeopt
 
 
@@ -113,12 +112,26 @@ def test_keyboard_interrupt_during_tuning_stops_cleanly(no_leaks):
 
 
 def test_a_full_disk_for_the_report_warns_and_training_goes_on(tmp_path, monkeypatch):
-    import pipeopt.report.json_io as json_io
+    import pipeopt.files as files
 
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    real_fdopen = files.os.fdopen
 
-    monkeypatch.setattr(json_io.json, "dump", full)
+    class Full:
+        """A file on a full disk: opening works, writing fails."""
+
+        def __init__(self, fd, *args, **kwargs):
+            self._file = real_fdopen(fd, *args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._file.close()
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fdopen", Full)
     callback = tuner(tune=(), report_dir=tmp_path)
     with pytest.warns(UserWarning, match="could not write its report.*No space left on device"):
         _, trainer = fit([callback], SleepyDataset(n=96, delay_s=0.0))

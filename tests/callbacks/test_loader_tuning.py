@@ -17,7 +17,6 @@ from tests.helpers import (
     resident_dataset,
 )
 
-
 tuner = quiet_pipeopt
 
 

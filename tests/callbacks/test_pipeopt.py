@@ -115,7 +115,7 @@ def test_validation_time_is_not_counted_as_training_time():
 def test_dali_is_skipped_with_its_reason_for_a_dataset_it_cannot_rebuild():
     with pytest.warns(UserWarning, match="not tuning the dali") as record:
         callback = PipeOpt(window=3, warmup=1, report_dir=None, console=Console(file=io.StringIO()))
-        trainer = pl.Trainer(max_steps=6, callbacks=[callback], **quiet_trainer_kwargs())
+        trainer = pl.Trainer(max_steps=12, callbacks=[callback], **quiet_trainer_kwargs())
         trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.0), batch_size=4))
     assert len([w for w in record if "PipeOpt" in str(w.message)]) == 1
     (skipped,) = callback.report.skipped
@@ -232,3 +232,17 @@ def test_the_users_loggers_get_the_plain_runs_calls_plus_pipeopt_metrics_at_thei
         assert _metrics(call) and all(k.startswith("pipeopt/") for k in _metrics(call))
         assert _step(call) in {_step(c) for c in plain}
     assert (len(ours) > 0) == (window == 3)  # 12 steps hold windows of 3, not of 50: then nothing at all
+
+
+def test_a_fit_too_short_to_pay_back_tuning_is_observed_only_with_one_warning():
+    callback = PipeOpt(window=3, warmup=1, report_dir=None, console=Console(file=io.StringIO()))
+    with pytest.warns(UserWarning) as record:
+        trainer = pl.Trainer(max_steps=9, callbacks=[callback], **quiet_trainer_kwargs())  # 1 + 3 x 3 = 10 needed
+        trainer.fit(Regressor(), DataLoader(SleepyDataset(delay_s=0.002), batch_size=4))
+    ours = [str(w.message) for w in record if "PipeOpt" in str(w.message)]
+    short = [m for m in ours if "too short for tuning to pay back its cost" in m]
+    assert len(short) == 1 and "precision, batch, loader" in short[0] and "9 optimizer steps left" in short[0]
+    skipped = {s.group: s.reason for s in callback.report.skipped}
+    assert {"precision", "batch", "loader"} <= set(skipped) and "dali" in skipped  # DALI keeps its own reason
+    assert callback.windows and all(w.label == "observe" for w in callback.windows)  # nothing tried: windows of the run as it is
+    assert trainer.train_dataloader.num_workers == 0 and not callback.report.changes

@@ -4,9 +4,8 @@ import pytest
 import torch
 from torch.utils.data import Subset, TensorDataset
 
-from tests.dali.images import smooth_folder, torchvision
-
 from pipeopt.dali.recipe import CenterCrop, RandomResizedCrop, ResizeShorter, ResizeTo, Untranslatable, translate
+from tests.dali.images import smooth_folder, torchvision
 
 T = torchvision.transforms
 v2 = torchvision.transforms.v2

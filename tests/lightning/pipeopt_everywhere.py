@@ -34,7 +34,9 @@ def pytest_configure(config: Any) -> None:
     @functools.wraps(original)  # Lightning reads this signature for its PL_TRAINER_* environment defaults
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         callbacks = kwargs.pop("callbacks", None)
-        callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        if callbacks is None:
+            callbacks = []
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         callbacks.append(PipeOpt(tune=tune, report_dir=None, cache=False, console=Console(file=io.StringIO())))
         original(self, *args, callbacks=callbacks, **kwargs)
 

@@ -9,6 +9,7 @@ import torch
 from pipeopt.measure.batch import RaggedBatches, batch_size, concat_batches, slice_batch
 from tests.batches import KINDS, Encoding, make
 
+
 def every_sample_leaf(batch, ids):
     """Every batched leaf of ``batch`` holds exactly the samples ``ids``, in order."""
     if isinstance(batch, torch.Tensor):

@@ -1,15 +1,16 @@
 from unittest.mock import MagicMock
 
 import pytest
-
 import pytorch_lightning as _pl
+
 from pipeopt.measure.tap import ProfilerTap
 
 
 def test_every_call_reaches_the_wrapped_profiler_and_named_actions_reach_the_hooks():
     inner = MagicMock(spec=_pl.profilers.SimpleProfiler)
     calls = []
-    tap = ProfilerTap(inner, on_start={"fetch": lambda: calls.append("start")}, on_stop={"fetch": lambda: calls.append("stop")})
+    tap = ProfilerTap(inner, on_start={"fetch": lambda: calls.append("start")},
+                      on_stop={"fetch": lambda: calls.append("stop")})
     with tap.profile("fetch") as name:
         assert name == "fetch"
     tap.start("other")
@@ -24,7 +25,8 @@ def test_hooks_run_inside_the_wrapped_profilers_bracket():
     inner = MagicMock(spec=_pl.profilers.SimpleProfiler)
     inner.start.side_effect = lambda name: order.append("inner.start")
     inner.stop.side_effect = lambda name: order.append("inner.stop")
-    tap = ProfilerTap(inner, on_start={"a": lambda: order.append("hook.start")}, on_stop={"a": lambda: order.append("hook.stop")})
+    tap = ProfilerTap(inner, on_start={"a": lambda: order.append("hook.start")},
+                      on_stop={"a": lambda: order.append("hook.stop")})
     tap.start("a")
     tap.stop("a")
     assert order == ["inner.start", "hook.start", "hook.stop", "inner.stop"]

@@ -4,8 +4,8 @@ from rich.console import Console
 
 from pipeopt.report.console import print_report
 from pipeopt.report.model import Report
-from tests.report.test_json import ENV, full_report
 from tests.helpers import make_window
+from tests.report.test_json import ENV, full_report
 
 
 def rendered(report):

@@ -30,7 +30,8 @@ def test_text_from_the_run_is_escaped():
 
 
 def test_unmeasured_gpu_series_say_so():
-    windows = [make_window(index=i, first_step=5 + 10 * i, resources=ResourceFigures(gpu_status="n/a")) for i in range(3)]
+    windows = [make_window(index=i, first_step=5 + 10 * i, resources=ResourceFigures(gpu_status="n/a"))
+               for i in range(3)]
     page = render_html(Report(mode="observe", environment=ENV, before=windows[0], after=windows[-1], timeline=windows))
     assert "memory (GiB)</b>: not measured on this run" in page
 

@@ -20,8 +20,10 @@ def full_report():
     return Report(
         mode="tune", environment=ENV, before=before, after=after, verdict=judge(before),
         changes=[Change("num_workers", 0, 2, "fastest within noise")],
-        trials=[Trial({"num_workers": 2}, 640.0, 0.02, "ok"), Trial({"num_workers": 8}, None, None, "failed", "worker crashed")],
-        skipped=[Skipped("dali", "DALI is not installed")], notes=["a note"], timeline=[before, after], steps_measured=45,
+        trials=[Trial({"num_workers": 2}, 640.0, 0.02, "ok"),
+                Trial({"num_workers": 8}, None, None, "failed", "worker crashed")],
+        skipped=[Skipped("dali", "DALI is not installed")], notes=["a note"], timeline=[before, after],
+        steps_measured=45,
         suggestions=["DataLoader(..., num_workers=2)"], predicted_speedup=1.9,
     )
 

@@ -5,8 +5,9 @@ rank 1, which under pytest would relaunch the test session.
 
 Each rank writes OUT_DIR/<mode>-rank<r>.json: the samples it saw, its final loader settings and its trials.
 ``pipeopt`` tunes the loader in a controlled world where any worker count measures 3x the main process
-(``pipeopt.tuning.noise.window_rate``), so a change must be kept - the same one on both ranks. ``batch`` tunes micro-batch x accumulation (and the loader) against an injected device memory of 1000 bytes,
-where a step peaks at 200 bytes per sample of its micro-batch: the user's 8 do not fit, 4 x 2 does.
+(``pipeopt.tuning.noise.window_rate``), so a change must be kept - the same one on both ranks. ``batch`` tunes
+micro-batch x accumulation (and the loader) against an injected device memory of 1000 bytes, where a step peaks
+at 200 bytes per sample of its micro-batch: the user's 8 do not fit, 4 x 2 does.
 """
 
 import io
