@@ -244,5 +244,6 @@ def test_a_fit_too_short_to_pay_back_tuning_is_observed_only_with_one_warning():
     assert len(short) == 1 and "precision, batch, loader" in short[0] and "9 optimizer steps left" in short[0]
     skipped = {s.group: s.reason for s in callback.report.skipped}
     assert {"precision", "batch", "loader"} <= set(skipped) and "dali" in skipped  # DALI keeps its own reason
-    assert callback.windows and all(w.label == "observe" for w in callback.windows)  # nothing tried: windows of the run as it is
+    # nothing tried: the windows are of the run as it is
+    assert callback.windows and all(w.label == "observe" for w in callback.windows)
     assert trainer.train_dataloader.num_workers == 0 and not callback.report.changes
