@@ -46,6 +46,7 @@ browser:
 # pipeopt code validates with `assert` (which `python -O` strips) is checked statically by tests/test_package.py.
 test: $(STAMP) $(VISION_STAMP) browser
 	$(PY) -m ruff check pipeopt tests benchmarks examples
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 	$(VPY) -m pytest -q -p no:cacheprovider $(DALI_TESTS)
 

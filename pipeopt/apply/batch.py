@@ -78,7 +78,7 @@ def _partial_last_step(loader: DataLoader, accumulate: int) -> str | None:
     that holds fewer batches: another micro-batch would weigh that step's samples differently."""
     batches: BatchSampler = loader.batch_sampler  # type: ignore[assignment]  # checked by the caller
     try:
-        samples = len(batches.sampler)  # type: ignore[arg-type]
+        samples = len(batches.sampler)  # type: ignore[arg-type]  # Sized or not: a TypeError says which
     except TypeError:
         return "the train sampler has no length: the epoch's last optimizer step cannot be known"
     if batches.drop_last:
@@ -200,7 +200,8 @@ class RecutLoader:
         self.__dict__["batch_size"] = micro
 
     def __iter__(self) -> Recut:
-        return Recut(iter(self.loader), _batch_sampler(self.loader).batch_size, self.batch_size)  # type: ignore[union-attr]
+        size = _batch_sampler(self.loader).batch_size  # type: ignore[union-attr]  # a recuttable() loader has one
+        return Recut(iter(self.loader), size, self.batch_size)
 
     def __len__(self) -> int:
         return recut_length(self.loader, self.batch_size)
@@ -215,11 +216,11 @@ class RecutLoader:
 def recut_length(loader: DataLoader, micro: int) -> int:
     """Batches of micro-batch ``micro`` in one epoch of ``loader`` (whose batch sampler is a ``BatchSampler``:
     ``recuttable``)."""
-    batches: BatchSampler = _batch_sampler(loader)  # type: ignore[assignment]
+    batches: BatchSampler = _batch_sampler(loader)  # type: ignore[assignment]  # recuttable() found one
     size = batches.batch_size
     if micro > size:
         return math.ceil(len(loader) / (micro // size))
-    samples = len(batches.sampler)  # type: ignore[arg-type]
+    samples = len(batches.sampler)  # type: ignore[arg-type]  # sized: unsupported() measured it
     full, rest = divmod(samples, size)
     drop_last = batches.drop_last
     return full * math.ceil(size / micro) + (0 if drop_last or not rest else math.ceil(rest / micro))

@@ -57,7 +57,8 @@ class Handover(Iterator[Any]):
     def ready_batches(self) -> int | None:
         """Finished batches waiting in all sources (None if any source's cannot be counted)."""
         counts = [_compat.ready_batches(s.iterator) for s in self._sources]
-        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+        known = [c for c in counts if c is not None]
+        return sum(known) if len(known) == len(counts) else None
 
     def __iter__(self) -> Handover:
         return self

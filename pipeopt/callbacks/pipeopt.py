@@ -112,8 +112,8 @@ class PipeOpt:
             window=window,
             window_s=window_s,
             warmup=warmup,
-            report_dir=report_dir,  # type: ignore[arg-type]
-            cache=cache,  # type: ignore[arg-type]
+            report_dir=report_dir,  # type: ignore[arg-type]  # a str or a path: the config makes it a Path
+            cache=cache,  # type: ignore[arg-type]  # likewise
             stop_when_tuned=stop_when_tuned,
         )
         self._console = console
@@ -268,6 +268,8 @@ class PipeOpt:
         cpus = max(1, cpus_available() // max(1, trainer.num_devices))
         self._switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
         meter = self._meter
+        if meter is None:  # set up in `setup`, which a fit always runs first
+            return
         self._session = LoaderSession(
             self._switcher,
             budget=Budget(
@@ -279,7 +281,7 @@ class PipeOpt:
                 dali=dali,
             ),
             budget_s=self.config.budget_s,
-            reset_meter=meter.reset,  # type: ignore[union-attr]
+            reset_meter=meter.reset,
             clock=self._clock,
             say=self._say if trainer.is_global_zero else (lambda line: None),
             worker_memory=worker_private_memory,
@@ -295,9 +297,9 @@ class PipeOpt:
                 self._session.restore(loader)
                 return
             self._session.notes.append("the checkpoint's tuning kept DALI, which cannot be used here; tuned afresh")
-        meter.label = "before"  # type: ignore[union-attr]
+        meter.label = "before"
         if self.config.cache is not False:
-            path = default_path() if self.config.cache is True else Path(self.config.cache)  # type: ignore[arg-type]
+            path = default_path() if self.config.cache is True else Path(self.config.cache)
             self._cache = TunedCache(path)
             self.cache_path = path
             self._cache_key = fingerprint(fit_parts(trainer, trainer.lightning_module, flattened[0]))
@@ -481,7 +483,7 @@ class PipeOpt:
                 after = windows[-1]  # nothing changed: the run's last window, measured after tuning ended
             if session.state not in ("done",) and session.before is not None:
                 notes.append(f"the fit ended before loader tuning finished (it was in its {session.state} phase); "
-                             f"the run ended with {self._switcher.current.describe()}")  # type: ignore[union-attr]
+                             f"the run ended with {self._switcher.current.describe()}")  # type: ignore[union-attr]  # a session has one
             notes.extend(session.notes)
             extra = dict(
                 changes=list(session.changes),
@@ -504,7 +506,7 @@ class PipeOpt:
             notes.extend(outcome.notes)
         return Report(
             mode="tune" if session is not None or self._precision is not None or self._batch is not None else "observe",
-            environment=self._env,  # type: ignore[arg-type]
+            environment=self._env,  # type: ignore[arg-type]  # on_fit_end returns early without one
             before=before,
             after=after,
             verdict=judge(before) if before else None,

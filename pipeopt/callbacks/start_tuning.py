@@ -145,7 +145,7 @@ class BatchTuning:
             return
         stats, self._pending = self._pending, None
         self._step_s = stats.step_time_s
-        plan = self._switch.current  # type: ignore[union-attr]
+        plan = self._switch.current  # type: ignore[union-attr]  # measuring: begin() made the switch
         rate = noise.window_rate(stats, plan)
         peak = batch_apply.MEMORY.window_peak(stats, plan)
         both = agree(WindowFigures(rate.value, rate.rel_se, self._no_loss, peak), self._agree)
@@ -155,18 +155,22 @@ class BatchTuning:
         self.search.record(window)
         if self.state == "trial":
             self._say(f"batch trial: {plan.describe()} -> "
-                      + (f"failed ({window.error})" if failed else f"{window.rate.value:,.1f} samples/s"))
+                      + (f"failed ({window.error})" if failed else f"{both.samples_per_s:,.1f} samples/s"))
         self._next(trainer)
 
     def _next(self, trainer: Any) -> None:
         search = self.search
-        plan = search.propose()  # type: ignore[union-attr]
+        if search is None:  # only a search's windows get here
+            return
+        plan = search.propose()
         if plan is not None:
             self._request(trainer, plan, f"batch trial: {plan.describe()}", "trial")
             return
-        self.choice = search.choice  # type: ignore[union-attr]
-        self._say(f"batch: {self.choice.plan.describe()} ({self.choice.reason})")  # type: ignore[union-attr]
-        self._request(trainer, self.choice.plan, "after", "done")  # type: ignore[union-attr]
+        choice = self.choice = search.choice
+        if choice is None:
+            raise RuntimeError("pipeopt: the batch search ended without a choice")
+        self._say(f"batch: {choice.plan.describe()} ({choice.reason})")
+        self._request(trainer, choice.plan, "after", "done")
 
     def _request(self, trainer: Any, plan: BatchPlan, label: str, state: str) -> None:
         """Switch to ``plan`` at this step boundary, or at the first one where its accumulation lines up."""

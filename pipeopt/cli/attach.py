@@ -43,7 +43,7 @@ def attached(make_callback: Callable[[], Any], kind: type) -> Iterator[list[Any]
             in_use.extend(own)
             __original(self, *args, callbacks=callbacks, **kwargs)
 
-        cls.__init__ = init  # type: ignore[method-assign]  # restored when the block ends
+        cls.__init__ = init  # restored when the block ends
         patched.append((cls, original))
 
     watcher = _AfterImport(set(_compat.TRAINER_MODULES), patch)
@@ -56,7 +56,7 @@ def attached(make_callback: Callable[[], Any], kind: type) -> Iterator[list[Any]
     finally:
         sys.meta_path.remove(watcher)
         for cls, original in patched:
-            cls.__init__ = original  # type: ignore[method-assign]
+            cls.__init__ = original  # type: ignore[misc]  # the class's own __init__, put back
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from pipeopt._version import __version__
 from pipeopt.config import TUNE_GROUPS, PipeOptConfig
+
+if TYPE_CHECKING:  # imported at run time only when there is a run to tune (it imports torch and Lightning)
+    from pipeopt.callbacks import PipeOpt
 
 USAGE = """\
 pipeopt tune SCRIPT [--budget SECONDS] [--only GROUPS] [--report-dir DIR] [--full] [--no-cache | --cache FILE]
@@ -97,7 +101,7 @@ def _tune(args: argparse.Namespace, script_args: list[str], parser: argparse.Arg
     made: list[PipeOpt] = []
 
     def make() -> PipeOpt:
-        made.append(PipeOpt(console=console, **options))  # type: ignore[arg-type]
+        made.append(PipeOpt(console=console, **options))
         return made[-1]
 
     with attached(make, PipeOpt) as in_use:
@@ -119,15 +123,15 @@ def _tune(args: argparse.Namespace, script_args: list[str], parser: argparse.Arg
     return 0
 
 
-def _summarise(callback: object, console: Console) -> None:
-    report = callback.report  # type: ignore[attr-defined]
-    for code in report.suggestions:
+def _summarise(callback: PipeOpt, console: Console) -> None:
+    report = callback.report
+    for code in report.suggestions if report is not None else []:
         console.print(f"[bold]Keep it without pipeopt:[/bold] {code}", highlight=False)
-    for path in (callback.report_path, callback.html_path):  # type: ignore[attr-defined]
+    for path in (callback.report_path, callback.html_path):
         if path is not None:
             console.print(f"Report: {path}", highlight=False)
-    if callback.cache_path is not None:  # type: ignore[attr-defined]
-        console.print(f"Tuning cache: {callback.cache_path}", highlight=False)  # type: ignore[attr-defined]
+    if callback.cache_path is not None:
+        console.print(f"Tuning cache: {callback.cache_path}", highlight=False)
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -70,7 +70,8 @@ def loader_from(
                              "DataLoader; pass the dataset instead to choose them")
         if source.batch_sampler is None:
             raise Untranslatable("the DataLoader has batch_size=None (no automatic batching); DALI returns batches")
-        dataset, batch_sampler = source.dataset, source.batch_sampler
+        dataset: Any = source.dataset
+        batch_sampler = source.batch_sampler
         generator = source.generator
         before_epoch = None if source.persistent_workers and source.num_workers else lambda: draw_seed(generator)
         recipe = translate(dataset, source.collate_fn)
@@ -92,6 +93,8 @@ def loader_from(
         else:
             sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle else (
                 SequentialSampler(dataset))
+        if size is None:
+            raise Untranslatable("the DataLoader's own batch sampler has no batch size, so it cannot be sharded")
         batch_sampler = BatchSampler(sampler, size, drop_last)
     if device == "auto":
         device = "mixed" if torch.cuda.is_available() else "cpu"

@@ -85,7 +85,7 @@ class DaliLoader:
         return getattr(self.batch_sampler, "sampler", None)
 
     def __len__(self) -> int:
-        return len(self.batch_sampler)  # type: ignore[arg-type]
+        return len(self.batch_sampler)  # type: ignore[arg-type]  # the user's batch sampler, which has a length
 
     def __iter__(self) -> DaliIterator:
         self._drain()  # the previous epoch stopped early: drop what was fed ahead of it

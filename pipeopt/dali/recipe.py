@@ -114,7 +114,7 @@ def _unwrap_subsets(dataset: Any) -> tuple[Any, list[int] | None]:
 
 
 def _check_folder_dataset(dataset: Any) -> None:
-    folder = next((c for c in type(dataset).__mro__
+    folder: Any = next((c for c in type(dataset).__mro__
                    if c.__name__ == "DatasetFolder" and c.__module__.startswith("torchvision.datasets")), None)
     if folder is None:
         raise Untranslatable(f"the dataset is a {type(dataset).__name__}, not a torchvision ImageFolder / "
@@ -211,7 +211,7 @@ def _pair(size: Any, kind: str) -> tuple[int, int]:
         return size[0], size[0]
     if len(size) != 2:
         raise Untranslatable(f"{kind}(size={size!r}) is not a size")
-    return size  # type: ignore[return-value]
+    return size[0], size[1]
 
 
 def _interp(t: Any, kind: str) -> str:

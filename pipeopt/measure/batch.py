@@ -74,7 +74,8 @@ def _rebuild(template: Any, items: list[Any]) -> Any:
             out = copy.copy(template)  # keeps the class and its attributes (a defaultdict's factory, a UserDict's)
             out.update(pairs)
             return out
-        return type(template)(pairs)
+        mapping: Any = type(template)  # a Mapping class, rebuilt from its pairs
+        return mapping(pairs)
     if _is_dataclass(template):
         out = copy.copy(template)
         for field, item in zip(dataclasses.fields(template), items):
@@ -95,9 +96,8 @@ def _walk(parts: list[Any], n: int, leaf: Callable[[list[Any]], Any]) -> Any:
     children = _children(first)
     if children is None:
         return first
-    columns = [_children(p) for p in parts]
-    return _rebuild(first, [_walk([c[i] for c in columns], n, leaf)  # type: ignore[index]
-                            for i in range(len(children))])
+    columns: list[Any] = [_children(p) for p in parts]  # the same structure as ``first``: children too
+    return _rebuild(first, [_walk([c[i] for c in columns], n, leaf) for i in range(len(children))])
 
 
 def slice_batch(batch: Any, start: int, stop: int) -> Any:

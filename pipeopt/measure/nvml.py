@@ -27,9 +27,10 @@ def open_nvml(nvml: ModuleType | None = None) -> tuple[ModuleType | None, str]:
     """Import (unless given) and initialise NVML: ``(module, SAMPLED)`` or ``(None, reason)``."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             return None, NOT_INSTALLED
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except (nvml.NVMLError_LibraryNotFound, nvml.NVMLError_DriverNotLoaded):

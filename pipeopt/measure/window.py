@@ -96,7 +96,8 @@ def summarize(
     wait = sum(r.wait for r in records)
     transfer = sum(clock.seconds(a, b) for r in records for a, b in r.transfers)
     compute = sum(clock.seconds(a, b) for r in records for a, b in r.computes)
-    samples = None if any(r.samples is None for r in records) else sum(r.samples for r in records)  # type: ignore[misc]
+    counts = [r.samples for r in records if r.samples is not None]
+    samples = sum(counts) if len(counts) == len(records) else None
     safe = duration if duration > 0 else float("nan")
     return WindowStats(
         index=index,
@@ -131,16 +132,17 @@ def supply_ratio(records: Sequence[StepRecord], ready: Sequence[tuple[object, in
     turns, and the ends alone would carry that. None without a reading at every step, when the window crosses an
     epoch boundary (an epoch's end empties the stock whatever the loader's speed), or when it took fewer batches
     than twice the largest stock it saw."""
-    if len(ready) != len(records) or len(records) < 3 or any(r is None for r in ready):
+    readings = [r for r in ready if r is not None]
+    if len(readings) != len(records) or len(records) < 3:
         return None
-    epoch = ready[0][0]  # type: ignore[index]
-    if any(r[0] is not epoch for r in ready):  # type: ignore[index]
+    epoch = readings[0][0]
+    if any(r[0] is not epoch for r in readings):
         return None
     xs = [r.end for r in records]
     taken = list(itertools.accumulate(r.micro_batches for r in records))
-    if taken[-1] < 2 * max(r[1] for r in ready):  # type: ignore[index]
+    if taken[-1] < 2 * max(r[1] for r in readings):
         return None  # too short for the stock it drew on: its workers' supply and the stock cannot be told apart
-    made = [t + reading[1] for t, reading in zip(taken, ready)]  # type: ignore[index]
+    made = [t + reading[1] for t, reading in zip(taken, readings)]
     took = _slope(xs, taken)
     return None if not took else max(0.0, _slope(xs, made) / took)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -62,7 +62,7 @@ def render(report: Report) -> Group:
         change = f"{b / a:.2f}x" if a and b and label in ("samples/s", "steps/s") else ""
         table.add_row(label, _cell(before, get, fmt), _cell(after, get, fmt), change)
 
-    parts: list[object] = [table]
+    parts: list[RenderableType] = [table]
     if report.trials:
         parts.append(_trials_table(report))
     lines = Text()
@@ -79,8 +79,8 @@ def render(report: Report) -> Group:
     if report.measured_speedup is not None:
         what = "after over before" if report.mode == "tune" else "last over first window"
         lines.append(f"Measured speedup ({what}): {report.measured_speedup:.2f}x\n")
-    for change in report.changes:
-        lines.append(f"Changed {change.knob}: {change.before!r} -> {change.after!r} ({change.reason})\n")
+    for turned in report.changes:
+        lines.append(f"Changed {turned.knob}: {turned.before!r} -> {turned.after!r} ({turned.reason})\n")
     for code in report.suggestions:
         lines.append(f"To keep it without pipeopt: {code}\n", style="bold")
     if report.mode == "observe":

@@ -33,7 +33,7 @@ def agree(figures: T, reduce_max: ReduceMax) -> T:
     specs = dataclasses.fields(figures)  # type: ignore[arg-type]  # a dataclass instance, by contract
     local = [getattr(figures, f.name) for f in specs]
     out = reduce_max([_encode(value, f.metadata["agree"]) for f, value in zip(specs, local)])
-    return dataclasses.replace(figures, **{  # type: ignore[type-var]
+    return dataclasses.replace(figures, **{  # type: ignore[type-var]  # a dataclass instance, by contract
         f.name: _decode(v, f.metadata["agree"], "int" in str(f.type) and "float" not in str(f.type))
         for f, v in zip(specs, out)})
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster, measured
 
 #: Splits go down to the user's micro-batch divided by this (a smaller split only ever buys memory, and one that
 #: fits is found before).
@@ -146,8 +146,8 @@ class BatchSearch:
         elif not self._fits(window):
             self._decide(self.user, f"kept yours: {window.plan.describe()} peaked at {_gib(window.peak_bytes)}, "
                                     f"over {self.budget_text}")
-        elif faster(window.rate, mine.rate, self._floor):  # type: ignore[arg-type]  # the baseline did not fail
-            speed = window.rate.value / mine.rate.value  # type: ignore[union-attr]
+        elif faster(window.rate, measured(mine.rate), self._floor):
+            speed = window.rate.value / measured(mine.rate).value
             self._decide(window.plan, f"{speed:.2f}x the samples/s of yours in its live window, within "
                                       f"{self.budget_text}")
         else:

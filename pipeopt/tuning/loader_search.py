@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster, within_noise
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster, measured, within_noise
 
 #: Below this data-wait fraction the run is compute-bound: no search.
 COMPUTE_BOUND_WAIT = 0.10
@@ -146,7 +146,7 @@ class LoaderSearch:
         if len(self.trials) > 1 and last.settings == trial.settings and last.ok and trial.ok:
             self.trials[-1] = dataclasses.replace(
                 trial,
-                rate=combine(last.rate, trial.rate),  # type: ignore[arg-type]
+                rate=combine(measured(last.rate), measured(trial.rate)),
                 data_wait_frac=_mean(last.data_wait_frac, trial.data_wait_frac),
                 transfer_frac=_mean(last.transfer_frac, trial.transfer_frac),
                 repeats=last.repeats + 1,
@@ -159,12 +159,12 @@ class LoaderSearch:
         nothing beat it). A setting that failed even once is never chosen."""
         failed = {t.settings for t in self.trials if not t.ok}
         ok = [t for t in self.trials if t.ok and t.settings not in failed]
-        unbeaten = [t for t in ok if not any(faster(u.rate, t.rate, self.floor) for u in ok)]  # type: ignore[arg-type]
+        unbeaten = [t for t in ok if not any(faster(measured(u.rate), measured(t.rate), self.floor) for u in ok)]
 
         def cost(t: Trial) -> tuple:
             s = t.settings
             return (s.dali is not None, s.num_workers, s.prefetch_factor or 0, s.pin_memory,
-                    -t.rate.value)  # type: ignore[union-attr]
+                    -measured(t.rate).value)
 
         return min(unbeaten or ok, key=cost)
 
@@ -196,11 +196,11 @@ class LoaderSearch:
             return False
         if n <= 2 * self.budget.cpus:
             return True
-        measured = [t for t in self.trials if t.ok and t.settings.num_workers > 0 and t.cpu_workers_pct is not None]
-        if not measured:
+        with_cpu = [t for t in self.trials if t.ok and t.settings.num_workers > 0 and t.cpu_workers_pct is not None]
+        if not with_cpu:
             return False
-        last = measured[-1]
-        per_worker = max(last.cpu_workers_pct / last.settings.num_workers, 0.1)  # type: ignore[operator]
+        last = with_cpu[-1]
+        per_worker = max((last.cpu_workers_pct or 0.0) / last.settings.num_workers, 0.1)
         if n * per_worker > 100.0 * self.budget.cpus:
             self.stop_reason = (f"{n} workers would need about {n * per_worker:.0f} % CPU (measured {per_worker:.0f} % "
                                 f"per worker); this rank may use {self.budget.cpus} CPUs")
@@ -250,13 +250,13 @@ class LoaderSearch:
             if not trial.ok:
                 self.stop_reason = f"{_workers(n)} failed: {trial.error}"
                 return
-            if within_noise(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
+            if within_noise(measured(trial.rate), measured(best.rate), self.floor):
                 yield candidate  # too close to call: measure it once more and decide on both windows
                 trial = self.trials[-1]
                 if not trial.ok:
                     self.stop_reason = f"{_workers(n)} failed: {trial.error}"
                     return
-            if faster(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
+            if faster(measured(trial.rate), measured(best.rate), self.floor):
                 best = trial
                 if (trial.data_wait_frac or 0.0) < INPUT_SOLVED_WAIT:
                     self.stop_reason = (f"with {_workers(n)} the loop waits for data "
@@ -288,7 +288,7 @@ class LoaderSearch:
         candidate = LoaderSettings.dali_on(self.budget.dali)
         yield candidate
         trial, best = self.trials[-1], self.choice()
-        if trial.ok and best is not trial and within_noise(trial.rate, best.rate, self.floor):  # type: ignore[arg-type]
+        if trial.ok and best is not trial and within_noise(measured(trial.rate), measured(best.rate), self.floor):
             yield candidate
 
     def _extras(self) -> Iterator[LoaderSettings]:

@@ -37,6 +37,13 @@ def window_rate(stats: WindowStats, in_place: object) -> Rate:
     return Rate.of(stats)
 
 
+def measured(rate: Rate | None) -> Rate:
+    """The rate of a window that did not fail (a failed one has none: asking for it is a bug)."""
+    if rate is None:
+        raise ValueError("pipeopt: a failed window has no rate")
+    return rate
+
+
 def combine(a: Rate, b: Rate) -> Rate:
     """Two measurements of the same setting: their mean, with a standard error that also counts their disagreement."""
     value = (a.value + b.value) / 2

@@ -15,7 +15,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster, measured
 
 FP32 = "32-true"
 LOSS_TOLERANCE = 0.02
@@ -99,8 +99,8 @@ def choose_precision(trials: list[PrecisionTrial], *, floor: float = DEFAULT_FLO
             safe.append(trial)
     if not safe:
         return PrecisionChoice(FP32, "kept fp32: " + ("; ".join(why) if why else "no other precision to try"))
-    best = max(safe, key=lambda t: t.rate.value)  # type: ignore[union-attr]
+    best = max(safe, key=lambda t: measured(t.rate).value)
     gap = loss_gap(best, baseline) or 0.0
-    speed = best.rate.value / baseline.rate.value  # type: ignore[union-attr]
+    speed = measured(best.rate).value / measured(baseline.rate).value
     return PrecisionChoice(best.precision, f"{speed:.2f}x the fp32 rate in its live trial window, mean loss "
                                            f"{gap:+.1%} against the fp32 window before it")

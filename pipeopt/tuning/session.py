@@ -19,7 +19,7 @@ from pipeopt.tuning import noise
 from pipeopt.tuning.agreement import ANY, MAX, MIN, ReduceMax, agree, agreed
 from pipeopt.tuning.findings import Change
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster, measured
 
 
 class Switcher(Protocol):
@@ -164,7 +164,7 @@ class LoaderSession:
             pooled = search.trials[-1]
             again = f" (pooled over {pooled.repeats} windows)" if pooled.repeats > 1 else ""
             self._say(f"trial {len(search.trials) - 1}: {pooled.settings.describe()} -> "
-                      f"{pooled.rate.value:,.1f} samples/s{again}, data wait {pooled.data_wait_frac:.0%} "  # type: ignore[union-attr]
+                      f"{measured(pooled.rate).value:,.1f} samples/s{again}, data wait {pooled.data_wait_frac:.0%} "
                       f"[{self._elapsed():.1f} of {self._budget_s:g} s budget]")
         self._next_trial(agreed.over_budget)
 
