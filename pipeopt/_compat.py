@@ -313,6 +313,24 @@ def accumulation(trainer: Any) -> int:
     return int(trainer.accumulate_grad_batches)
 
 
+def train_setup(trainer: Any) -> tuple[list[Any], int, Any]:
+    """What pipeopt may change of a fit's training set-up: its train loaders, the accumulation and the precision
+    plugin (for ``restore_train_setup``)."""
+    combined = train_combined_loader(trainer)
+    loaders = list(combined.flattened) if combined is not None else []
+    return loaders, int(trainer.accumulate_grad_batches), trainer.strategy.precision_plugin
+
+
+def restore_train_setup(trainer: Any, setup: tuple[list[Any], int, Any]) -> None:
+    """Put back what ``train_setup`` saw, for whatever runs on this trainer next."""
+    loaders, accumulate, plugin = setup
+    combined = train_combined_loader(trainer)
+    if combined is not None and loaders:
+        combined.flattened = loaders
+    trainer.accumulate_grad_batches = accumulate
+    trainer.strategy.precision_plugin = plugin
+
+
 def planned_steps(trainer: Any) -> int | None:
     """The optimizer steps the whole fit will run, from ``max_steps`` and ``max_epochs`` x the epoch's steps (None
     when neither bounds it)."""

@@ -18,13 +18,18 @@ def _bad(name: str, value: object, allowed: str) -> ValueError:
     return ValueError(f"`PipeOpt({name}={value!r})` is not valid. Expected {allowed}.")
 
 
+def unknown_groups(groups: Iterable[str]) -> list[str]:
+    """The names in ``groups`` that are not knob groups (``TUNE_GROUPS``), in order."""
+    return [g for g in groups if g not in TUNE_GROUPS]
+
+
 def parse_tune(value: object) -> frozenset[str]:
     """Turn ``tune=`` into a set of group names, naming any unknown group and the allowed ones."""
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise _bad("tune", value,
                    f"a collection drawn from {set(TUNE_GROUPS)}, e.g. tune=('loader',); () observes only")
     groups = list(value)
-    unknown = [g for g in groups if g not in TUNE_GROUPS]
+    unknown = unknown_groups(groups)
     if unknown:
         raise _bad("tune", value, f"groups drawn from {set(TUNE_GROUPS)}; unknown: {unknown}")
     return frozenset(groups)

@@ -102,6 +102,12 @@ def peek_seed(generator: torch.Generator | None) -> int:
         generator.set_state(state)
 
 
+def draws_each_epoch(loader: Any) -> bool:
+    """Whether ``loader`` draws from its generator (the global one when None) each time it makes an iterator -
+    every epoch, as torch's DataLoader does unless its workers persist."""
+    return not (loader.persistent_workers and loader.num_workers > 0)
+
+
 def draw_seed(generator: torch.Generator | None) -> int:
     """Draw an int64 exactly as a DataLoader iterator draws its workers' base seed."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())

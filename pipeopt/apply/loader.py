@@ -25,12 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from pipeopt import _compat
 from pipeopt.apply.handover import Handover
-from pipeopt.apply.index_stream import (
-    IndexStream,
-    ResumingSampler,
-    draw_seed,
-    peek_seed,
-)
+from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, draws_each_epoch, peek_seed
 from pipeopt.tuning.loader_search import LoaderSettings
 
 _INIT_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
@@ -102,7 +97,7 @@ def user_epoch_draw(user: DataLoader, private: torch.Generator) -> Callable[[], 
     """The draw the user's loader makes from its generator (the global one when None) each time it creates an
     iterator - i.e. every epoch, unless its workers persist. pipeopt's loaders make it at the same point, and
     seed their own (private) generator with it, so the user's RNG stream is as it would be without pipeopt."""
-    if user.persistent_workers and user.num_workers > 0:
+    if not draws_each_epoch(user):
         return None
 
     def draw() -> None:

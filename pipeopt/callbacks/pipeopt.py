@@ -143,6 +143,7 @@ class PipeOpt:
         self._done_at_window: int | None = None
         self._precision: PrecisionTuning | None = None
         self._batch: BatchTuning | None = None
+        self._user_setup: tuple[list[Any], int, Any] | None = None  # restored if the fit fails
 
     # -- set-up and clean-up ------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -189,6 +190,8 @@ class PipeOpt:
             self._release(trainer)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self._user_setup is not None:  # the fit failed: the trainer gets back the set-up it was given
+            _compat.restore_train_setup(trainer, self._user_setup)
         self._release(trainer)
 
     def _release(self, trainer: Any) -> None:
@@ -205,6 +208,7 @@ class PipeOpt:
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._meter is None:
             return
+        self._user_setup = _compat.train_setup(trainer)
         short = None if self._restored is not None else self._too_short(trainer)
         if "precision" in self.config.tune:
             self._precision = PrecisionTuning(agree=self._agree, say=self._say, reset_meter=self._meter.reset,

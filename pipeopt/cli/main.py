@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from pipeopt._version import __version__
-from pipeopt.config import TUNE_GROUPS, PipeOptConfig
+from pipeopt.config import TUNE_GROUPS, PipeOptConfig, unknown_groups
 
 if TYPE_CHECKING:  # imported at run time only when there is a run to tune (it imports torch and Lightning)
     from pipeopt.callbacks import PipeOpt
@@ -55,7 +55,7 @@ def parse_only(text: str) -> tuple[str, ...]:
     if text.strip().lower() == "none":
         return ()
     groups = tuple(g.strip() for g in text.split(",") if g.strip())
-    unknown = [g for g in groups if g not in TUNE_GROUPS]
+    unknown = unknown_groups(groups)
     if unknown or not groups:
         raise ValueError(f"--only {text!r}: unknown group(s) {', '.join(unknown) or '(none given)'}; "
                          f"choose from {', '.join(TUNE_GROUPS)}, or 'none' to observe only")

@@ -19,7 +19,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from pipeopt.apply.index_stream import draw_seed
+from pipeopt.apply.index_stream import draw_seed, draws_each_epoch
 from pipeopt.dali.loader import DaliLoader
 from pipeopt.dali.pipeline import missing
 from pipeopt.dali.recipe import Recipe, Untranslatable, translate
@@ -73,7 +73,7 @@ def loader_from(
         dataset: Any = source.dataset
         batch_sampler = source.batch_sampler
         generator = source.generator
-        before_epoch = None if source.persistent_workers and source.num_workers else lambda: draw_seed(generator)
+        before_epoch = (lambda: draw_seed(generator)) if draws_each_epoch(source) else None
         recipe = translate(dataset, source.collate_fn)
         size, shuffle, drop_last = source.batch_size, isinstance(source.sampler, RandomSampler), source.drop_last
         if isinstance(source.sampler, DistributedSampler):

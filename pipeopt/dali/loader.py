@@ -25,9 +25,10 @@ import torch
 from pipeopt.apply.handover import LoaderFailure
 from pipeopt.dali import pipeline
 from pipeopt.dali.recipe import Recipe
+from pipeopt.tuning.loader_search import DALI_PREFETCH
 
 #: Batches fed to DALI ahead of the one the training loop takes.
-PREFETCH = 2
+PREFETCH = DALI_PREFETCH  # batches fed ahead: what the loader search counts in flight
 
 
 class DaliLoader:

@@ -136,3 +136,27 @@ def test_a_full_disk_for_the_report_warns_and_training_goes_on(tmp_path, monkeyp
     with pytest.warns(UserWarning, match="could not write its report.*No space left on device"):
         _, trainer = fit([callback], SleepyDataset(n=96, delay_s=0.0))
     assert trainer.state.finished and list(tmp_path.iterdir()) == []
+
+
+def test_a_fit_that_fails_after_tuning_gives_the_trainer_back_its_own_loader_and_accumulation(monkeypatch):
+    """The user's own exception ends the fit unchanged; the trainer keeps no loader or plan of pipeopt's."""
+    from pipeopt.tuning.batch import BatchPlan
+    from tests.helpers import Regressor, controlled_rates
+
+    class Boom(Regressor):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step == 24:  # of 32 (2 epochs of 16 steps), after the decision
+                self.accumulating = self.trainer.accumulate_grad_batches
+                raise ZeroDivisionError("user bug")
+            return super().training_step(batch, batch_idx)
+
+    # A fold of the user's 8 x 4 into 32 x 1 measures faster: kept, then the user's step fails.
+    controlled_rates(monkeypatch, lambda tried: 300.0 if tried == BatchPlan(32, 1) else 100.0)
+    callback = tuner(tune=("batch",))
+    loader = DataLoader(SleepyDataset(n=512, delay_s=0.0), batch_size=8)
+    trainer = pl.Trainer(max_epochs=2, accumulate_grad_batches=4, callbacks=[callback], **quiet_trainer_kwargs())
+    model = Boom(hidden=16)
+    with pytest.raises(ZeroDivisionError, match="user bug"):
+        trainer.fit(model, loader)
+    assert model.accumulating == 1  # the fold was kept and applied when the step failed
+    assert trainer.train_dataloader is loader and trainer.accumulate_grad_batches == 4
