@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeopt import _compat
-from pipeopt._compat import COMPUTE_ACTION, FETCH_ACTION
+from pipeopt import _dataloader
+from pipeopt._lightning import COMPUTE_ACTION, FETCH_ACTION
 from pipeopt.measure.batch import batch_size
 from pipeopt.measure.cpu import CpuMeter
 from pipeopt.measure.device import HostClock
@@ -48,7 +48,7 @@ def per_step_seconds(steps: int, instrumented: bool, live: object) -> float:
     epoch = object()
     meter = WindowMeter(window=20, warmup=5, clock=HostClock(),
                         probe=ResourceProbe(torch.device("cpu"), cpu=CpuMeter(), gpu=None, gpu_status="n/a",
-                                            ready=lambda: (epoch, _compat.ready_batches(live) or 0)),
+                                            ready=lambda: (epoch, _dataloader.ready_batches(live) or 0)),
                         on_window=windows.append)
     timer = StepTimer(time.perf_counter, HostClock(), meter.update)
     hooks = {FETCH_ACTION: (timer.fetch_started, timer.fetch_stopped),
@@ -76,7 +76,7 @@ def main() -> None:
         plain = min(per_step_seconds(args.steps, False, live) for _ in range(3))
         tapped = min(per_step_seconds(args.steps, True, live) for _ in range(3))
     finally:
-        _compat.shutdown_iterator(live)
+        _dataloader.shutdown_iterator(live)
     cost = tapped - plain
     compute = json.loads((RESULTS / "compute_bound.json").read_text())
     step_s = compute["batch_size"] / compute["oracle_best"]["samples_per_s"]

@@ -28,7 +28,7 @@ from benchmarks.harness import median, quiet_pipeopt, run_fit, spread
 from benchmarks.scenarios import SCENARIOS, Scenario
 from benchmarks.scenarios.base import label
 from pipeopt import __version__
-from pipeopt._compat import lightning_versions
+from pipeopt._lightning import lightning_versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

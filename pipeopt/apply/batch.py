@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_collate
 
-from pipeopt import _compat
+from pipeopt import _dataloader, _lightning
 from pipeopt.measure.batch import batch_size, concat_batches, slice_batch
 from pipeopt.measure.window import WindowStats
 from pipeopt.tuning.batch import BatchPlan
@@ -157,7 +157,7 @@ class Recut(Iterator[Any]):
         self._pending: list[Any] = []
 
     def take_index_stream(self) -> Iterator[list[int]]:
-        return _recut(_compat.take_index_stream(self._it), self._size, self._micro)
+        return _recut(_dataloader.take_index_stream(self._it), self._size, self._micro)
 
     def unwrap(self) -> Iterator[Any]:
         """The iterator this one re-cuts, at a point where no part of a batch is held back."""
@@ -187,7 +187,7 @@ class Recut(Iterator[Any]):
         return concat_batches(parts)
 
     def _shutdown_workers(self) -> None:
-        _compat.shutdown_iterator(self._it)
+        _dataloader.shutdown_iterator(self._it)
 
 
 class RecutLoader:
@@ -243,15 +243,15 @@ class PlanSwitch:
         self._since = 0  # the epoch's batch count at its last switch
 
     def aligned(self, plan: BatchPlan) -> bool:
-        return (_compat.batches_this_epoch(self._trainer) % plan.accumulate == 0
-                or _compat.epoch_ends_here(self._trainer))
+        return (_lightning.batches_this_epoch(self._trainer) % plan.accumulate == 0
+                or _lightning.epoch_ends_here(self._trainer))
 
     def switch(self, plan: BatchPlan) -> None:
         trainer = self._trainer
-        count = _compat.batches_this_epoch(trainer)
+        count = _lightning.batches_this_epoch(trainer)
         self._consumed += (count - self._since) * self.current.micro
         self._since = count
-        live = _compat.live_train_iterators(trainer)
+        live = _lightning.live_train_iterators(trainer)
         running = live[0] if live and len(live) == 1 else None
         if isinstance(running, Recut):
             running = running.unwrap()
@@ -261,12 +261,12 @@ class PlanSwitch:
             loader = RecutLoader(self._base, plan.micro)
             running = Recut(running, self.user.micro, plan.micro) if running is not None else None
         left = max(0, len(loader) - self._consumed // plan.micro)
-        _compat.install_train_loader(trainer, loader, plan.accumulate, running, epoch_batches=count + left)
+        _lightning.install_train_loader(trainer, loader, plan.accumulate, running, epoch_batches=count + left)
         self.current = plan
 
     def epoch_started(self) -> None:
         """A new epoch: its length is the installed loader's (the last one was sized for its switches)."""
         self._consumed = self._since = 0
         micro = self.current.micro
-        _compat.size_train_epoch(self._trainer, len(self._base) if micro == self.user.micro
+        _lightning.size_train_epoch(self._trainer, len(self._base) if micro == self.user.micro
                                  else recut_length(self._base, micro))

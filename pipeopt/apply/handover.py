@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeopt import _compat
+from pipeopt import _dataloader
 from pipeopt.apply.index_stream import IndexStream
 
 
@@ -47,7 +47,7 @@ class Handover(Iterator[Any]):
     def _cut_tail(self) -> None:
         tail = self._sources[-1]
         if tail.tracked:
-            _compat.take_index_stream(tail.iterator)
+            _dataloader.take_index_stream(tail.iterator)
 
     @property
     def current(self) -> tuple[Iterator[Any], Any]:
@@ -56,7 +56,7 @@ class Handover(Iterator[Any]):
 
     def ready_batches(self) -> int | None:
         """Finished batches waiting in all sources (None if any source's cannot be counted)."""
-        counts = [_compat.ready_batches(s.iterator) for s in self._sources]
+        counts = [_dataloader.ready_batches(s.iterator) for s in self._sources]
         known = [c for c in counts if c is not None]
         return sum(known) if len(known) == len(counts) else None
 
@@ -75,7 +75,7 @@ class Handover(Iterator[Any]):
                 self._release(source)
                 continue
             except RuntimeError as err:
-                if not (source.tracked and (isinstance(err, LoaderFailure) or _compat.is_worker_failure(err))):
+                if not (source.tracked and (isinstance(err, LoaderFailure) or _dataloader.is_worker_failure(err))):
                     raise
                 self._recover(err)
                 continue
@@ -87,7 +87,8 @@ class Handover(Iterator[Any]):
     def _recover(self, err: BaseException) -> None:
         for source in [s for s in self._sources if s.tracked]:
             self._sources.remove(source)
-            _compat.kill_workers(source.iterator)  # failed: no graceful join (a hung worker would cost seconds each)
+            # failed: no graceful join (a hung worker would cost seconds each)
+            _dataloader.kill_workers(source.iterator)
             self._release(source)
         self.stream.recover()
         iterator, loader = self._fallback(err)
@@ -95,8 +96,8 @@ class Handover(Iterator[Any]):
 
     @staticmethod
     def _release(source: _Source) -> None:
-        _compat.shutdown_iterator(source.iterator)
-        _compat.forget_cached_iterator(source.loader, source.iterator)
+        _dataloader.shutdown_iterator(source.iterator)
+        _dataloader.forget_cached_iterator(source.loader, source.iterator)
 
     def close(self, keep: Any = None) -> None:
         """Shut down every source's workers, except the iterator ``keep`` (still in use by the next epoch)."""

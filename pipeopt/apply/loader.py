@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from pipeopt import _compat
+from pipeopt import _dataloader, _lightning
 from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, draws_each_epoch, peek_seed
 from pipeopt.tuning.loader_search import LoaderSettings
@@ -116,14 +116,14 @@ def start_loader(
 ) -> tuple[Iterator[Any], DataLoader]:
     """Build a loader like ``user`` with ``settings`` that continues ``first``, and start its iterator - leaving the
     user's RNG untouched and its workers outside torch's SIGCHLD watch (a death surfaces in ``next()``)."""
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), _compat.quiet_worker_deaths():
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), _dataloader.quiet_worker_deaths():
         # torch warns when workers outnumber CPUs; trials do that on purpose (storage-bound workers mostly
         # wait) and the measurement decides.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         loader = build_loader(user, settings, first=first, before_epoch=user_epoch_draw(user, generator),
                               generator=generator, timeout=timeout)
         iterator = iter(loader)
-        _compat.detach_worker_watch(iterator)
+        _dataloader.detach_worker_watch(iterator)
     return iterator, loader
 
 
@@ -141,11 +141,11 @@ def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
     """The running epoch (a token: the list of its loader iterators, new each epoch) and the finished batches
     waiting in its train loader; None outside an epoch, with several train loaders, or where torch's queues cannot
     be counted."""
-    live = _compat.live_train_iterators(trainer)
+    live = _lightning.live_train_iterators(trainer)
     if not live or len(live) != 1:
         return None
     iterator = live[0]
-    count = iterator.ready_batches() if isinstance(iterator, Handover) else _compat.ready_batches(iterator)
+    count = iterator.ready_batches() if isinstance(iterator, Handover) else _dataloader.ready_batches(iterator)
     return None if count is None else (live, count)
 
 
@@ -153,7 +153,7 @@ class LoaderSwitcher:
     """Switches the running fit's train loader between settings, and back to the user's."""
 
     def __init__(self, trainer: Any, *, dali: LoaderSource | None = None) -> None:
-        combined = _compat.train_combined_loader(trainer)
+        combined = _lightning.train_combined_loader(trainer)
         if combined is None or len(combined.flattened) != 1:
             raise ValueError("loader switching needs exactly one train loader")
         self._trainer = trainer
@@ -176,14 +176,14 @@ class LoaderSwitcher:
         return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout)
 
     def _live_handover(self) -> Handover:
-        live = _compat.live_train_iterators(self._trainer)
+        live = _lightning.live_train_iterators(self._trainer)
         if live is None or len(live) != 1:
             raise RuntimeError("no running train epoch to switch")
         if isinstance(live[0], Handover) and live[0] is self.handover:
             return live[0]
         if self.handover is not None:  # a new epoch began: the previous epoch's sources are done
             self.handover.close(keep=live[0])
-        stream = IndexStream(_compat.take_index_stream(live[0]))
+        stream = IndexStream(_dataloader.take_index_stream(live[0]))
         self.handover = Handover(stream, live[0], self._installed(), self._on_failure)
         live[0] = self.handover
         return self.handover
@@ -197,7 +197,7 @@ class LoaderSwitcher:
             raise RuntimeError("pipeopt: a loader failure was reported outside a handover") from err
         self.failed = err
         iterator, loader = self._start(self.fallback, self.handover.stream, timeout=None)
-        _compat.attach_worker_watch(iterator)
+        _dataloader.attach_worker_watch(iterator)
         self._combined.flattened = [loader]
         self.current = self.fallback
         return iterator, loader
@@ -217,8 +217,8 @@ class LoaderSwitcher:
         self._installed().timeout = self.user.timeout
         if self.handover is not None:
             iterator, _ = self.handover.current
-            _compat.set_fetch_timeout(iterator, self.user.timeout)
-            _compat.attach_worker_watch(iterator)
+            _dataloader.set_fetch_timeout(iterator, self.user.timeout)
+            _dataloader.attach_worker_watch(iterator)
 
     def restore_user(self) -> None:
         """Back to the user's settings now, and the user's own loader object from the next epoch on."""
@@ -229,7 +229,7 @@ class LoaderSwitcher:
     def end_of_epoch(self) -> None:
         """The epoch is over: stop the workers of its handover, except those the installed loader reuses."""
         if self.handover is not None:
-            self.handover.close(keep=_compat.cached_iterator(self._installed()))
+            self.handover.close(keep=_dataloader.cached_iterator(self._installed()))
             self.handover = None
 
     def close(self) -> None:

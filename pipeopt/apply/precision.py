@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from pipeopt import _compat
+from pipeopt import _lightning
 
 
 def unsupported(trainer: Any, module: Any) -> str | None:
     """Why pipeopt leaves this run's precision alone (None when it may try others on the live run)."""
-    current = _compat.precision_of(trainer)
+    current = _lightning.precision_of(trainer)
     if current != "32-true":
         return f"you chose precision={current!r}; pipeopt respects it"
     plugin = type(trainer.strategy.precision_plugin).__name__
@@ -33,8 +33,8 @@ def unsupported(trainer: Any, module: Any) -> str | None:
 
 def apply_precision(trainer: Any, precision: str) -> None:
     """Train the next optimizer step on under ``precision``."""
-    plugin = _compat.precision_plugin(trainer, precision, trainer.strategy.root_device.type)
-    _compat.set_precision_plugin(trainer, plugin)
+    plugin = _lightning.precision_plugin(trainer, precision, trainer.strategy.root_device.type)
+    _lightning.set_precision_plugin(trainer, plugin)
 
 
 def step_loss(outputs: Any) -> float | None:

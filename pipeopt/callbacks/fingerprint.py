@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from pipeopt._compat import lightning_versions
+from pipeopt._lightning import lightning_versions
 from pipeopt._version import __version__
 from pipeopt.measure.cpu import cpus_available
 from pipeopt.tuning.loader_search import LoaderSettings

@@ -11,8 +11,8 @@ import psutil
 import torch
 from rich.console import Console
 
-from pipeopt import _compat
-from pipeopt._compat import rank_zero_warn
+from pipeopt import _lightning
+from pipeopt._lightning import rank_zero_warn
 from pipeopt.apply.loader import LoaderSwitcher, live_ready_batches, unsupported
 from pipeopt.cache import TunedCache, default_path, fingerprint
 from pipeopt.callbacks.fingerprint import fit_parts
@@ -77,14 +77,14 @@ class PipeOpt:
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PipeOpt:
-        return super().__new__(_compat.as_callback_class(cls))
+        return super().__new__(_lightning.as_callback_class(cls))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         """Pickled (``ddp_spawn``, ``copy.deepcopy``) as the user's class and the Lightning namespace it joined."""
         namespace = type(self).__dict__.get("_lightning_namespace")
         if namespace is None:  # a subclass that names its Lightning Callback base itself pickles as usual
             return super().__reduce_ex__(protocol)
-        return (_compat.new_callback, (type(self).__mro__[1], namespace), self.__getstate__())
+        return (_lightning.new_callback, (type(self).__mro__[1], namespace), self.__getstate__())
 
     def __getstate__(self) -> dict[str, Any]:
         """A console belongs to its process (it holds a lock): a spawned copy prints to a console of its own."""
@@ -168,21 +168,21 @@ class PipeOpt:
             window=cfg.window, warmup=cfg.warmup, clock=device_clock, probe=probe, on_window=self._on_window
         )
         self._timer = timer = StepTimer(self._clock, device_clock, self._meter.update)
-        transfer = _compat.transfer_action(trainer)
+        transfer = _lightning.transfer_action(trainer)
         tap = ProfilerTap(
             trainer.profiler,
             on_start={
-                _compat.FETCH_ACTION: timer.fetch_started,
+                _lightning.FETCH_ACTION: timer.fetch_started,
                 transfer: timer.transfer_started,
-                _compat.COMPUTE_ACTION: timer.compute_started,
+                _lightning.COMPUTE_ACTION: timer.compute_started,
             },
             on_stop={
-                _compat.FETCH_ACTION: timer.fetch_stopped,
+                _lightning.FETCH_ACTION: timer.fetch_stopped,
                 transfer: timer.transfer_stopped,
-                _compat.COMPUTE_ACTION: timer.compute_stopped,
+                _lightning.COMPUTE_ACTION: timer.compute_stopped,
             },
         )
-        self._previous_profiler = _compat.swap_profiler(trainer, tap)
+        self._previous_profiler = _lightning.swap_profiler(trainer, tap)
         self._env = environment.collect(device, world_size=trainer.world_size, gpu_monitoring=gpu_status)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -191,14 +191,14 @@ class PipeOpt:
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         if self._user_setup is not None:  # the fit failed: the trainer gets back the set-up it was given
-            _compat.restore_train_setup(trainer, self._user_setup)
+            _lightning.restore_train_setup(trainer, self._user_setup)
         self._release(trainer)
 
     def _release(self, trainer: Any) -> None:
         if self._switcher is not None:
             self._switcher.close()
         if self._previous_profiler is not None and isinstance(trainer.profiler, ProfilerTap):
-            _compat.swap_profiler(trainer, self._previous_profiler)
+            _lightning.swap_profiler(trainer, self._previous_profiler)
         if self._sampler is not None:
             self._sampler.stop()
         self._reset_run_state()
@@ -208,7 +208,7 @@ class PipeOpt:
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._meter is None:
             return
-        self._user_setup = _compat.train_setup(trainer)
+        self._user_setup = _lightning.train_setup(trainer)
         short = None if self._restored is not None else self._too_short(trainer)
         if "precision" in self.config.tune:
             self._precision = PrecisionTuning(agree=self._agree, say=self._say, reset_meter=self._meter.reset,
@@ -237,7 +237,7 @@ class PipeOpt:
     def _too_short(self, trainer: Any) -> str | None:
         """Why the fit is too short for any tuning to pay back its cost (None when it is not, or unbounded): a
         group needs a window before, one trial and one after, each ``window`` steps, after the warm-up."""
-        planned = _compat.planned_steps(trainer)
+        planned = _lightning.planned_steps(trainer)
         if planned is None:
             return None
         left, need = planned - trainer.global_step, self.config.warmup + 3 * self.config.window
@@ -249,7 +249,7 @@ class PipeOpt:
 
     def _start_loader_session(self, trainer: Any, short: str | None) -> None:
         groups = [g for g in ("loader", "dali") if g in self.config.tune]
-        loaders = _compat.train_combined_loader(trainer)
+        loaders = _lightning.train_combined_loader(trainer)
         flattened = list(loaders.flattened) if loaders is not None else []
         reason = (f"the fit has {len(flattened)} train loaders; pipeopt tunes a single one" if len(flattened) != 1
                   else unsupported(flattened[0]))
@@ -358,7 +358,7 @@ class PipeOpt:
         self._step_at_batch_start = trainer.global_step
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._log_step = _compat.logger_step(trainer)  # a window closing in this batch describes this step
+        self._log_step = _lightning.logger_step(trainer)  # a window closing in this batch describes this step
         precision, plan = self._precision, self._batch
         if precision is not None:
             precision.on_batch_end(trainer, outputs)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from pipeopt import _compat
+from pipeopt import _lightning
 from pipeopt.apply import batch as batch_apply
 from pipeopt.apply import precision as precision_apply
 from pipeopt.apply.batch import PlanSwitch
@@ -81,14 +81,14 @@ class BatchTuning:
 
     def start(self, trainer: Any, module: Any, restored: dict[str, Any] | None) -> str | None:
         """At train start: the reason the run's batch cannot be planned (None when it can)."""
-        combined = _compat.train_combined_loader(trainer)
+        combined = _lightning.train_combined_loader(trainer)
         loaders = list(combined.flattened) if combined is not None else []
         reason = (f"the fit has {len(loaders)} train loaders; pipeopt plans a single one" if len(loaders) != 1
                   else batch_apply.unsupported(trainer, module, loaders[0]))
         if reason is not None:
             self.state = "done"
             return reason
-        self.user = BatchPlan(loaders[0].batch_size, _compat.accumulation(trainer))
+        self.user = BatchPlan(loaders[0].batch_size, _lightning.accumulation(trainer))
         if restored is not None and "batch" in restored:
             self.choice = BatchChoice(BatchPlan(**restored["batch"]) if restored["batch"] else self.user, RESUMED)
         self._module = module
@@ -98,7 +98,7 @@ class BatchTuning:
         """The loader is settled (or not tuned): a window under the user's plan, or the checkpoint's plan applied;
         the reason when the installed loader cannot be re-cut (None otherwise)."""
         self._windows = windows_so_far
-        loader = _compat.train_combined_loader(trainer).flattened[0]
+        loader = _lightning.train_combined_loader(trainer).flattened[0]
         user = self.user
         if user is None:  # start() found the run's batch unplannable
             self.state = "done"
@@ -260,7 +260,7 @@ class PrecisionTuning:
         alone (None otherwise)."""
         if restored is not None and restored.get("precision") is not None:
             self.choice = PrecisionChoice(restored["precision"], RESUMED)
-            if self.choice.precision != _compat.precision_of(trainer):
+            if self.choice.precision != _lightning.precision_of(trainer):
                 precision_apply.apply_precision(trainer, self.choice.precision)
             self.state = "done"
             return None
@@ -333,7 +333,7 @@ class PrecisionTuning:
             self._measure(f"precision trial: {self._trying}", skip=1)  # its first step settles (autocast caches)
             return
         self.choice = self._agreed_choice(choose_precision(self.trials))
-        if self.choice.precision != _compat.precision_of(trainer):
+        if self.choice.precision != _lightning.precision_of(trainer):
             precision_apply.apply_precision(trainer, self.choice.precision)
         self._say(f"precision: {self.choice.precision} ({self.choice.reason})")
         self.state = "done"

@@ -11,7 +11,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-from pipeopt import _compat
+from pipeopt import _lightning
 
 
 @contextlib.contextmanager
@@ -46,8 +46,8 @@ def attached(make_callback: Callable[[], Any], kind: type) -> Iterator[list[Any]
         cls.__init__ = init  # restored when the block ends
         patched.append((cls, original))
 
-    watcher = _AfterImport(set(_compat.TRAINER_MODULES), patch)
-    for name in _compat.TRAINER_MODULES:
+    watcher = _AfterImport(set(_lightning.TRAINER_MODULES), patch)
+    for name in _lightning.TRAINER_MODULES:
         if name in sys.modules:
             patch(sys.modules[name])
     sys.meta_path.insert(0, watcher)

@@ -6,7 +6,7 @@ import platform
 
 import torch
 
-from pipeopt._compat import lightning_versions
+from pipeopt._lightning import lightning_versions
 from pipeopt._version import __version__
 from pipeopt.measure.cpu import cpus_available
 from pipeopt.report.model import Environment

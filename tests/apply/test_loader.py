@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pipeopt import _compat
+from pipeopt import _dataloader
 from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, peek_seed
 from pipeopt.apply.loader import start_loader, unsupported
@@ -46,7 +46,7 @@ def test_handover_mid_epoch_keeps_order_and_later_epochs_match(user_workers):
     user = user_loader(user_workers)
     live = iter(user)
     seen = flat(itertools.islice(live, 5))  # 5 batches in; workers have more in flight
-    stream = IndexStream(_compat.take_index_stream(live))
+    stream = IndexStream(_dataloader.take_index_stream(live))
     handover = Handover(stream, live, user, fallback=lambda err: pytest.fail(str(err)))
     it, new = start(user, FOUR, stream)
     handover.add(it, new)
@@ -57,7 +57,7 @@ def test_handover_mid_epoch_keeps_order_and_later_epochs_match(user_workers):
     assert seen == expected[0]
     assert flat(newer) == expected[1]  # the next epoch: the user's sampler, the user's order
     handover.close()
-    _compat.shutdown_iterator(_compat.cached_iterator(newer))
+    _dataloader.shutdown_iterator(_dataloader.cached_iterator(newer))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -70,7 +70,7 @@ def test_a_handover_keeps_every_sample_of_every_batch_shape_once_in_order(kind):
     loader = user()
     live = iter(loader)
     seen = [i for b in itertools.islice(live, 5) for i in ids_of(b)]
-    stream = IndexStream(_compat.take_index_stream(live))
+    stream = IndexStream(_dataloader.take_index_stream(live))
     handover = Handover(stream, live, loader, fallback=lambda err: pytest.fail(str(err)))
     handover.add(*start(loader, FOUR, stream))  # not persistent: no worker outlives the test
     seen += [i for b in handover for i in ids_of(b)]
@@ -84,7 +84,7 @@ def test_a_crashing_candidate_is_survived_without_losing_or_repeating_a_batch():
                       generator=torch.Generator().manual_seed(1))
     live = iter(user)
     seen = flat(itertools.islice(live, 3))
-    stream = IndexStream(_compat.take_index_stream(live))
+    stream = IndexStream(_dataloader.take_index_stream(live))
     fallbacks = []
 
     def fallback(err):
@@ -107,7 +107,7 @@ def test_errors_from_the_users_dataset_are_not_swallowed():
 
     user = DataLoader(Broken(), batch_size=4)
     live = iter(user)
-    stream = IndexStream(_compat.take_index_stream(live))
+    stream = IndexStream(_dataloader.take_index_stream(live))
     handover = Handover(stream, live, user, fallback=lambda err: pytest.fail("not a worker failure"))
     handover.add(*start(user, TWO, stream))
     with pytest.raises(KeyError, match="sample .* is missing"):
@@ -134,7 +134,7 @@ def test_without_automatic_batching_the_sampler_is_resumed():
                                            generator=torch.Generator().manual_seed(2))]
     live = iter(user)
     seen = [int(x) for x in itertools.islice(live, 3)]
-    stream = IndexStream(_compat.take_index_stream(live))
+    stream = IndexStream(_dataloader.take_index_stream(live))
     handover = Handover(stream, live, user, fallback=lambda err: pytest.fail(str(err)))
     handover.add(*start(user, TWO, stream))
     seen += [int(x) for x in handover]
@@ -146,7 +146,7 @@ def test_ready_batches_of_a_handover_count_every_source():
     user = user_loader(2)
     live = iter(user)
     next(live)
-    stream = IndexStream(_compat.take_index_stream(live))
+    stream = IndexStream(_dataloader.take_index_stream(live))
     handover = Handover(stream, live, user, fallback=lambda err: pytest.fail(str(err)))
     it, new = start(user, FOUR, stream)
     handover.add(it, new)

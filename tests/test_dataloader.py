@@ -1,10 +1,12 @@
+"""The torch DataLoader seams (pipeopt._dataloader): ready batches counted, failed workers ended at once."""
+
 import time
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeopt import _compat
+from pipeopt import _dataloader
 
 
 def _wait_for(predicate, timeout_s=20.0):
@@ -23,25 +25,25 @@ def test_ready_batches_counts_what_the_workers_finished(pin_memory):
     data = TensorDataset(torch.arange(64.0))
     iterator = iter(DataLoader(data, batch_size=4, num_workers=2, prefetch_factor=3, pin_memory=pin_memory))
     try:
-        _wait_for(lambda: _compat.ready_batches(iterator) == 6)  # 2 workers x prefetch 3, all finished
+        _wait_for(lambda: _dataloader.ready_batches(iterator) == 6)  # 2 workers x prefetch 3, all finished
         next(iterator)
         next(iterator)
-        assert _compat.ready_batches(iterator) <= 6
-        _wait_for(lambda: _compat.ready_batches(iterator) == 6)  # refilled for the batches taken
+        assert _dataloader.ready_batches(iterator) <= 6
+        _wait_for(lambda: _dataloader.ready_batches(iterator) == 6)  # refilled for the batches taken
         for _ in range(16 - 2 - 6):
             next(iterator)
-        _wait_for(lambda: _compat.ready_batches(iterator) == 6)  # the last 6 batches of the epoch: no refill
+        _wait_for(lambda: _dataloader.ready_batches(iterator) == 6)  # the last 6 batches of the epoch: no refill
         for _ in range(6):
             next(iterator)
-        assert _compat.ready_batches(iterator) == 0
+        assert _dataloader.ready_batches(iterator) == 0
     finally:
-        _compat.shutdown_iterator(iterator)
+        _dataloader.shutdown_iterator(iterator)
 
 
 def test_a_single_process_loader_holds_no_ready_batches():
     iterator = iter(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4))
-    assert _compat.ready_batches(iterator) == 0
-    assert _compat.ready_batches(iter([1, 2])) is None  # not a DataLoader iterator: unknown
+    assert _dataloader.ready_batches(iterator) == 0
+    assert _dataloader.ready_batches(iter([1, 2])) is None  # not a DataLoader iterator: unknown
 
 
 class _Hangs(torch.utils.data.Dataset):
@@ -56,6 +58,6 @@ def test_kill_workers_ends_a_failed_iterators_workers_without_waiting_for_them()
     iterator = iter(DataLoader(_Hangs(), batch_size=4, num_workers=2))
     workers = list(iterator._workers)
     assert all(w.is_alive() for w in workers)
-    _compat.kill_workers(iterator)
+    _dataloader.kill_workers(iterator)
     assert not any(w.is_alive() for w in workers)
-    _compat.shutdown_iterator(iterator)  # the usual shutdown then has nothing left to wait for
+    _dataloader.shutdown_iterator(iterator)  # the usual shutdown then has nothing left to wait for

@@ -1,4 +1,5 @@
-"""Every Lightning detail pipeopt relies on that is not a public API, in one module.
+"""Every Lightning detail pipeopt relies on that is not a public API, in one module (the torch DataLoader's are in
+``pipeopt._dataloader``).
 
 Tested with ``pytorch_lightning`` and ``lightning.pytorch`` 2.6 (the range declared in pyproject.toml). A
 Lightning upgrade that renames one of these breaks this file only; the callback warns when a seam stops answering.
@@ -6,10 +7,8 @@ Lightning upgrade that renames one of these breaks this file only; the callback 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import sys
-from collections.abc import Iterator
 from importlib import metadata
 from types import ModuleType
 from typing import Any
@@ -126,159 +125,6 @@ def live_train_iterators(trainer: Any) -> list[Any] | None:
     combined = train_combined_loader(trainer)
     mode_iterator = getattr(combined, "_iterator", None)
     return getattr(mode_iterator, "iterators", None)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# torch DataLoader iterator internals (tested with torch 2.13 and 2.14).
-
-#: Messages torch's DataLoader machinery raises when workers die, hang or run out of shared memory - as opposed to
-#: an exception raised by the user's dataset, which must surface unchanged.
-WORKER_FAILURE_MARKERS = (
-    "DataLoader worker (pid",
-    "DataLoader timed out after",
-    "Pin memory thread exited unexpectedly",
-)
-SHM_MARKERS = ("/torch_", "shared memory", "No space left on device")
-
-
-def is_worker_failure(err: BaseException) -> bool:
-    msg = str(err)
-    if not isinstance(err, RuntimeError):
-        return False
-    if any(marker in msg for marker in WORKER_FAILURE_MARKERS):
-        return True
-    return "in DataLoader worker" in msg and any(marker in msg for marker in SHM_MARKERS)
-
-
-def take_index_stream(iterator: Any) -> Any:
-    """Detach the main-process index stream from a running DataLoader iterator.
-
-    Returns the iterator over the epoch's remaining (batches of) indices. The DataLoader iterator keeps what it
-    already dispatched to its workers, delivers it, and then stops.
-    """
-    if hasattr(iterator, "take_index_stream"):  # pipeopt's own iterators (apply/batch.py's Recut, DALI's)
-        return iterator.take_index_stream()
-    stream = iterator._sampler_iter
-    iterator._sampler_iter = iter(())
-    return stream
-
-
-def shutdown_iterator(iterator: Any) -> None:
-    """Stop a DataLoader iterator's workers now (also for persistent workers, which otherwise wait for reuse)."""
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
-
-
-def kill_workers(iterator: Any) -> None:
-    """Terminate a failed DataLoader iterator's live workers at once, and shut the iterator down around them.
-
-    torch's own shutdown joins each worker with a 5 s timeout before terminating it, so a trial whose workers hang
-    would cost 5 s per worker; its batches are re-fed from the index stream, so nothing a worker held is needed.
-    The workers leave torch's SIGCHLD watch first (otherwise their termination raises "worker killed" in the main
-    thread, wherever it then is), and torch's shutdown is not run after them: it sets an event shared with the
-    workers, whose lock a worker killed inside it still holds - the main process then waits forever.
-    """
-    detach_worker_watch(iterator)
-    workers = getattr(iterator, "_workers", ())
-    for worker in workers:
-        if worker.is_alive():
-            worker.terminate()
-    for worker in workers:
-        worker.join(timeout=1.0)
-    if getattr(iterator, "_shutdown", True):  # single-process, or already shut down
-        return
-    iterator._shutdown = True
-    pin_done = getattr(iterator, "_pin_memory_thread_done_event", None)
-    if pin_done is not None:
-        pin_done.set()  # the pin-memory thread (a daemon) sees it within its poll interval and ends
-    for queue in getattr(iterator, "_index_queues", ()):  # as torch's shutdown does: its feeder thread ends
-        queue.cancel_join_thread()
-        queue.close()
-
-
-def cached_iterator(loader: Any) -> Any:
-    """The iterator a loader with persistent workers keeps for its next epoch (None otherwise)."""
-    return getattr(loader, "_iterator", None)
-
-
-def forget_cached_iterator(loader: Any, iterator: Any) -> None:
-    """A loader with persistent workers caches its iterator for reuse; drop it once its workers are gone."""
-    if getattr(loader, "_iterator", None) is iterator:
-        loader._iterator = None
-
-
-def set_fetch_timeout(iterator: Any, seconds: float) -> None:
-    """Change how long a running iterator waits for a batch before raising (0: forever)."""
-    if hasattr(iterator, "_timeout"):
-        iterator._timeout = seconds
-
-
-@contextlib.contextmanager
-def quiet_worker_deaths() -> Iterator[None]:
-    """Start a trial loader without torch's SIGCHLD handler raising for it.
-
-    torch registers a new iterator's workers with its SIGCHLD handler before they start, and the handler raises
-    in the main thread - anywhere - when one dies. A trial's worker that dies at once would then escape
-    pipeopt. Inside this block the handler is paused; ``detach_worker_watch`` then removes the workers from its
-    watch, and a death is reported by ``next()`` instead.
-    """
-    import signal
-    import threading
-
-    from torch.utils.data._utils import signal_handling
-
-    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signal_handling._set_SIGCHLD_handler()  # install torch's handler now, so it is the one restored below
-    handler = signal.getsignal(signal.SIGCHLD)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGCHLD, handler)
-
-
-def detach_worker_watch(iterator: Any) -> None:
-    """Stop torch's SIGCHLD handler from raising for this iterator's workers anywhere in the main thread.
-
-    A dead worker of a trial is then reported where pipeopt can survive it: in ``next()`` on the iterator.
-    """
-    if getattr(iterator, "_worker_pids_set", False):
-        import torch
-
-        torch._C._remove_worker_pids(id(iterator))
-        iterator._worker_pids_set = False
-
-
-def attach_worker_watch(iterator: Any) -> None:
-    """Undo ``detach_worker_watch`` (for the iterator that the run keeps)."""
-    workers = getattr(iterator, "_workers", None)
-    if workers and not getattr(iterator, "_worker_pids_set", True):
-        import torch
-
-        torch._C._set_worker_pids(id(iterator), tuple(w.pid for w in workers))
-        iterator._worker_pids_set = True
-
-
-def ready_batches(iterator: Any) -> int | None:
-    """Batches a DataLoader iterator's workers have finished that the training loop has not taken yet: results in
-    its queues (a worker's result counts from the moment it is put) plus results that arrived out of order and wait
-    in ``_task_info``. 0 for a single-process iterator; None where torch's queues cannot be counted. pipeopt's own
-    iterators (DALI's) count their own."""
-    if callable(getattr(iterator, "ready_batches", None)):
-        return iterator.ready_batches()
-    if not hasattr(iterator, "_worker_result_queue"):
-        return 0 if hasattr(iterator, "_sampler_iter") else None
-    try:
-        ready = iterator._worker_result_queue.qsize()
-        data_queue = getattr(iterator, "_data_queue", None)
-        if data_queue is not None and data_queue is not iterator._worker_result_queue:
-            ready += data_queue.qsize()  # pin-memory thread: pinned results wait in a second queue
-    except (NotImplementedError, OSError, AttributeError):  # qsize() is not implemented on macOS
-        return None
-    return ready + sum(1 for info in getattr(iterator, "_task_info", {}).values() if len(info) == 2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
