@@ -82,6 +82,23 @@ FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
 COMPUTE_ACTION = "run_training_batch"
 
 
+def reduce_max(trainer: Any, values: list[float]) -> list[float]:
+    """Element-wise maximum of ``values`` over all ranks of the fit (identity on one process)."""
+    if trainer is None or trainer.world_size <= 1:
+        return values
+    import torch
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
+    return list(trainer.strategy.reduce(tensor, reduce_op="max").tolist())
+
+
+def log_metrics(trainer: Any, metrics: dict[str, float], step: int) -> None:
+    """``metrics`` to every logger of the Trainer at ``step`` - nothing when there is nothing to log."""
+    if metrics:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+
 def logger_step(trainer: Any) -> int:
     """The step Lightning's loggers give the batch whose ``on_train_batch_end`` is running: batches that stepped an
     optimizer before it (``_TrainingEpochLoop._batches_that_stepped``, incremented after that hook)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ from pipeopt.measure.window import WindowStats
 from pipeopt.tuning import noise
 from pipeopt.tuning.agreement import Held, Pick, ReduceMax, WindowFigures, agree
 from pipeopt.tuning.batch import BatchChoice, BatchPlan, BatchSearch, PlanWindow
-from pipeopt.tuning.findings import Change
+from pipeopt.tuning.findings import Change, Outcome
 from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.precision import (
     FP32,
@@ -32,15 +31,6 @@ from pipeopt.tuning.precision import (
 
 Agree = ReduceMax
 RESUMED = "kept by the run this one resumes (from its checkpoint)"
-
-
-@dataclass
-class Outcome:
-    """What a group adds to the report."""
-
-    changes: list[Change] = field(default_factory=list)
-    suggestions: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 class BatchTuning:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -14,3 +14,12 @@ class Change:
     before: Any
     after: Any
     reason: str
+
+
+@dataclass
+class Outcome:
+    """What a group adds to the report: the knobs it turned, the code that keeps them, and notes."""
+
+    changes: list[Change] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)

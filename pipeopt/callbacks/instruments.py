@@ -1,0 +1,56 @@
+"""What measures a fit: the step timer fed by a profiler tap on the Trainer's own profiler, the window meter with its
+CPU, memory and (on CUDA, with a driver) NVML probe, and the environment for the report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pipeopt import _lightning
+from pipeopt.apply.loader import live_ready_batches
+from pipeopt.config import PipeOptConfig
+from pipeopt.measure.cpu import CpuMeter
+from pipeopt.measure.device import clock_for
+from pipeopt.measure.nvml import NOT_CUDA, NvmlSampler, device_handle, open_nvml
+from pipeopt.measure.resources import ResourceProbe
+from pipeopt.measure.steps import StepTimer
+from pipeopt.measure.tap import ProfilerTap
+from pipeopt.measure.window import WindowMeter, WindowStats
+from pipeopt.report import environment
+
+
+class Instruments:
+    """Started on a fit's trainer; ``release`` gives the trainer its profiler back and stops the NVML sampler."""
+
+    def __init__(self, trainer: Any, config: PipeOptConfig, clock: Callable[[], float],
+                 on_window: Callable[[WindowStats], None]) -> None:
+        device = trainer.strategy.root_device
+        nvml, gpu_status = open_nvml()
+        if nvml is not None and device.type != "cuda":
+            nvml.nvmlShutdown()
+            nvml, gpu_status = None, NOT_CUDA
+        self.sampler = NvmlSampler(nvml, device_handle(nvml, device), clock=clock) if nvml is not None else None
+        if self.sampler is not None:
+            self.sampler.start()
+        device_clock = clock_for(device, clock)
+        probe = ResourceProbe(device, cpu=CpuMeter(clock=clock), gpu=self.sampler, gpu_status=gpu_status,
+                              ready=lambda: live_ready_batches(trainer), clock=clock)
+        self.meter = WindowMeter(window=config.window, warmup=config.warmup, clock=device_clock, probe=probe,
+                                 on_window=on_window)
+        self.timer = timer = StepTimer(clock, device_clock, self.meter.update)
+        transfer = _lightning.transfer_action(trainer)
+        tap = ProfilerTap(
+            trainer.profiler,
+            on_start={_lightning.FETCH_ACTION: timer.fetch_started, transfer: timer.transfer_started,
+                      _lightning.COMPUTE_ACTION: timer.compute_started},
+            on_stop={_lightning.FETCH_ACTION: timer.fetch_stopped, transfer: timer.transfer_stopped,
+                     _lightning.COMPUTE_ACTION: timer.compute_stopped},
+        )
+        self._previous_profiler = _lightning.swap_profiler(trainer, tap)
+        self.environment = environment.collect(device, world_size=trainer.world_size, gpu_monitoring=gpu_status)
+
+    def release(self, trainer: Any) -> None:
+        if isinstance(trainer.profiler, ProfilerTap):
+            _lightning.swap_profiler(trainer, self._previous_profiler)
+        if self.sampler is not None:
+            self.sampler.stop()

@@ -1,0 +1,208 @@
+"""One fit's tuning, behind the callback: the groups in their order - the loader search, then the micro-batch plan,
+then precision - which window goes to which, when tuning is over, and what the run kept (for the report, the
+cache and checkpoints). Lightning reaches it only through ``PipeOpt``'s hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pipeopt import _lightning
+from pipeopt._lightning import rank_zero_warn
+from pipeopt.apply.loader import LoaderSwitcher
+from pipeopt.cache import TunedCache
+from pipeopt.callbacks.loader_start import start_loader_session
+from pipeopt.callbacks.start_tuning import BatchTuning, PrecisionTuning
+from pipeopt.config import PipeOptConfig
+from pipeopt.measure.window import WindowMeter, WindowStats
+from pipeopt.report.assemble import assemble
+from pipeopt.report.model import Environment, Report, Skipped
+from pipeopt.tuning.agreement import ReduceMax
+from pipeopt.tuning.session import LoaderSession
+
+
+class TuningRun:
+    """Started at train start with what the fit may tune; fed each trained batch and each measured window."""
+
+    def __init__(self, config: PipeOptConfig, meter: WindowMeter, *, clock: Callable[[], float],
+                 say: Callable[[str], None], agree: ReduceMax) -> None:
+        self._config, self._meter, self._clock, self._say, self._agree = config, meter, clock, say, agree
+        self.skipped: list[Skipped] = []
+        self.session: LoaderSession | None = None
+        self.switcher: LoaderSwitcher | None = None
+        self.cache: TunedCache | None = None
+        self.cache_key: str | None = None
+        self.precision: PrecisionTuning | None = None
+        self.batch: BatchTuning | None = None
+        self._user_setup: tuple[list[Any], int, Any] | None = None  # restored if the fit fails
+        self._done_at_window: int | None = None
+
+    # -- the start --------------------------------------------------------------------------------------------
+    def start(self, trainer: Any, module: Any, restored: dict[str, Any] | None) -> None:
+        """Start every group the fit may tune; a checkpoint's tuned state is applied without trials."""
+        cfg, meter = self._config, self._meter
+        self._user_setup = _lightning.train_setup(trainer)
+        short = None if restored is not None else self._too_short(trainer)
+        kwargs = dict(agree=self._agree, say=self._say, reset_meter=meter.reset, window=cfg.window,
+                      min_window_s=cfg.window_s)
+        if "precision" in cfg.tune:
+            self.precision = PrecisionTuning(**kwargs)  # type: ignore[arg-type]  # the shared keyword arguments
+            self._start_group("precision", self.precision, trainer, module, restored, short)
+        if "batch" in cfg.tune:
+            self.batch = BatchTuning(memory_fraction=cfg.memory_fraction, **kwargs)  # type: ignore[arg-type]  # same
+            self._start_group("batch", self.batch, trainer, module, restored, short)
+        if cfg.tune & {"loader", "dali"}:
+            start = start_loader_session(trainer, cfg, meter, clock=self._clock, say=self._say, agree=self._agree,
+                                         restored=restored, skip=self.skip, short=short)
+            if start is not None:
+                self.session, self.switcher, self.cache, self.cache_key = (start.session, start.switcher,
+                                                                            start.cache, start.cache_key)
+        plan = self.batch
+        if plan is not None and plan.choice is not None and self._loader_settled:
+            plan.begin(trainer, 0)  # the checkpoint's plan, from the first batch (the loader is settled)
+        shorted = [s.group for s in self.skipped if s.reason is short]
+        if shorted:  # one warning for the fit, not one a group
+            rank_zero_warn(f"PipeOpt: not tuning the {', '.join(shorted)}: {short}.")
+
+    def _start_group(self, name: str, group: PrecisionTuning | BatchTuning, trainer: Any, module: Any,
+                     restored: dict[str, Any] | None, short: str | None) -> None:
+        reason = group.start(trainer, module, restored) or short
+        if reason is not None:
+            group.leave_alone()
+            self.skip(name, reason, warn=reason is not short)
+
+    def _too_short(self, trainer: Any) -> str | None:
+        """Why the fit is too short for any tuning to pay back its cost (None when it is not, or unbounded): a
+        group needs a window before, one trial and one after, each ``window`` steps, after the warm-up."""
+        planned = _lightning.planned_steps(trainer)
+        if planned is None:
+            return None
+        cfg = self._config
+        left, need = planned - trainer.global_step, cfg.warmup + 3 * cfg.window
+        if left >= need:
+            return None
+        return (f"the fit has {left} optimizer steps left; a window before, one trial and one after need at least "
+                f"{need} (warmup={cfg.warmup} + 3 x window={cfg.window}): too short for tuning to pay back its "
+                "cost, so pipeopt only observes")
+
+    def skip(self, group: str, reason: str, *, warn: bool = True) -> None:
+        self.skipped.append(Skipped(group, reason))
+        if warn:
+            rank_zero_warn(f"PipeOpt: not tuning the {group}: {reason}.")
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    @property
+    def _loader_settled(self) -> bool:
+        return self.session is None or self.session.state == "done"
+
+    def epoch_started(self) -> None:
+        if self.batch is not None:
+            self.batch.epoch_started()
+
+    def epoch_ended(self) -> None:
+        if self.switcher is not None:
+            self.switcher.end_of_epoch()
+
+    def batch_ended(self, trainer: Any, outputs: Any) -> None:
+        """A trained batch, before the timer counts it."""
+        if self.precision is not None:
+            self.precision.on_batch_end(trainer, outputs)
+        if self.batch is not None:
+            self.batch.on_batch_end(outputs)
+
+    def step_ended(self, trainer: Any, stepped: bool, windows: int) -> None:
+        """After the timer counted the batch; ``stepped``: an optimizer step ended with it."""
+        if self.session is not None:
+            self.session.on_step_end()
+        if not stepped:
+            return
+        precision, plan = self.precision, self.batch  # between optimizer steps: the groups' turns, in order
+        if plan is not None:
+            plan.on_step_end(trainer)
+        if precision is not None:
+            precision.on_step_end(trainer)
+        if not self._loader_settled:
+            return
+        if plan is not None and plan.state == "waiting":
+            reason = plan.begin(trainer, windows)
+            if reason is not None:
+                self.skip("batch", reason)
+        if precision is not None and precision.state == "waiting" and (plan is None or plan.decided):
+            precision.begin(windows)
+
+    def on_window(self, stats: WindowStats) -> None:
+        """A window closed: it belongs to the group measuring now."""
+        if self.session is not None and self.session.state != "done":
+            self.session.on_window(stats)
+        elif self.batch is not None and self.batch.measuring:
+            self.batch.on_window(stats)
+        elif self.precision is not None and self.precision.measuring:
+            self.precision.on_window(stats)
+
+    def finished(self, windows: int) -> bool:
+        """Tuning is over and a window was measured after it (the session's own after-window counts)."""
+        if not self._loader_settled:
+            return False
+        if not all(g.decided for g in (self.batch, self.precision) if g is not None):
+            return False
+        after_from = self.after_from
+        if after_from is not None:
+            return windows > after_from  # a window measured after the last decision
+        if self.session is not None and self.session.after is not None:
+            return True
+        if self._done_at_window is None:
+            self._done_at_window = windows
+        return windows > max(self._done_at_window, 1)
+
+    @property
+    def after_from(self) -> int | None:
+        """Windows measured before the last group's decision (precision decides after the batch plan)."""
+        return next((g.after_from for g in (self.precision, self.batch) if g is not None and g.after_from is not None),
+                    None)
+
+    # -- the end ----------------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """The fit ends: a loader trial still open is closed."""
+        if self.session is not None:
+            self.session.finish()
+
+    def report(self, windows: list[WindowStats], environment: Environment, steps_measured: int,
+               dropped_partial: int) -> Report:
+        current = self.switcher.current.describe() if self.switcher is not None else None
+        return assemble(windows=windows, environment=environment, skipped=self.skipped, steps_measured=steps_measured,
+                        dropped_partial=dropped_partial, session=self.session, current_loader=current,
+                        precision=self.precision.outcome() if self.precision else None,
+                        batch=self.batch.outcome() if self.batch else None, after_from=self.after_from)
+
+    def remember(self, report: Report) -> None:
+        """Put the change tuning kept in the cache (a failure to write only warns). Runs that kept the user's
+        settings are not remembered: a rerun costs only a before-window, and a noisy revert must not stick."""
+        session, cache, key = self.session, self.cache, self.cache_key
+        if session is None or cache is None or key is None or session.state != "done" or session.from_cache:
+            return
+        kept, rate = session.kept, session.after_rate
+        if kept is None or not rate:
+            return  # only a change that its after-window confirmed is worth remembering
+        try:
+            cache.put(key, {"loader": kept.as_kwargs(), "samples_per_s": rate, "created": report.created})
+        except OSError as err:
+            rank_zero_warn(f"PipeOpt could not write the tuning cache {cache.path}: {err}. Training results are "
+                           "unaffected; pass `cache=` a writable path or `cache=False`.")
+
+    def tuned(self) -> dict[str, Any]:
+        """What tuning kept, for a checkpoint."""
+        tuned: dict[str, Any] = {}
+        if self.session is not None and self.session.state == "done":
+            tuned["loader"] = self.session.kept.as_kwargs() if self.session.kept else None
+        for group in (self.precision, self.batch):
+            if group is not None:
+                tuned.update(group.state_dict())
+        return tuned
+
+    def close(self, trainer: Any, *, failed: bool) -> None:
+        """The fit is over: stop pipeopt's workers; after a failure, the trainer gets back the set-up it was
+        given."""
+        if failed and self._user_setup is not None:
+            _lightning.restore_train_setup(trainer, self._user_setup)
+        if self.switcher is not None:
+            self.switcher.close()
