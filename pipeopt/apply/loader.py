@@ -202,6 +202,11 @@ class LoaderSwitcher:
         self.current = self.fallback
         return iterator, loader
 
+    def take_failure(self) -> BaseException | None:
+        """The last trial failure since it was last taken (the tuner judges it when its window closes)."""
+        failure, self.failed = self.failed, None
+        return failure
+
     def switch(self, settings: LoaderSettings, *, timeout_s: float | None = None) -> None:
         """Continue the running epoch with ``settings`` (and use them for later epochs)."""
         handover = self._live_handover()

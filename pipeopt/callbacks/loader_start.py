@@ -21,7 +21,7 @@ from pipeopt.measure.cpu import cpus_available, worker_private_memory
 from pipeopt.measure.window import WindowMeter
 from pipeopt.tuning.agreement import ReduceMax
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
-from pipeopt.tuning.session import LoaderSession
+from pipeopt.tuning.session import LoaderSession, TrialWindows
 
 #: Records a group left alone and why (``warn=False``: the caller warns once for several groups).
 Skip = Callable[..., None]
@@ -64,10 +64,10 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
     budget = Budget(cpus=cpus, memory_bytes=int(0.5 * psutil.virtual_memory().available), cuda=cuda,
                     more_epochs=_more_epochs_ahead(trainer), may_change_workers="loader" in groups, dali=dali)
-    session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, reset_meter=meter.reset, clock=clock,
+    windows = TrialWindows(meter.reset, config.window, config.window_s, _epoch_steps(trainer))
+    session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, windows=windows, clock=clock,
                             say=say if trainer.is_global_zero else (lambda line: None),
-                            worker_memory=worker_private_memory, agree=agree, window=config.window,
-                            min_window_s=config.window_s, epoch_steps=_epoch_steps(trainer))
+                            worker_memory=worker_private_memory, agree=agree)
     start = LoaderStart(session, switcher)
     if restored is not None and "loader" in restored:
         loader = LoaderSettings(**restored["loader"]) if restored["loader"] else None

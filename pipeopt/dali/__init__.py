@@ -63,11 +63,7 @@ def loader_from(
     if reason is not None:
         raise ImportError(reason)
     if isinstance(source, DataLoader):
-        given = {k: v for k, v in {"batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last}.items()
-                 if v is not None}
-        if given:
-            raise ValueError(f"loader_from(DataLoader, {', '.join(f'{k}=...' for k in given)}): these come from the "
-                             "DataLoader; pass the dataset instead to choose them")
+        _no_batching_arguments(batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
         if source.batch_sampler is None:
             raise Untranslatable("the DataLoader has batch_size=None (no automatic batching); DALI returns batches")
         dataset: Any = source.dataset
@@ -87,23 +83,40 @@ def loader_from(
     shards, shard = _shards(num_shards, shard_id)
     seed = torch.initial_seed() if seed is None else int(seed)
     if shards > 1 or batch_sampler is None:
-        if shards > 1:
-            sampler: Any = DistributedSampler(dataset, num_replicas=shards, rank=shard, shuffle=shuffle, seed=seed,
-                                              drop_last=drop_last)
-        else:
-            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle else (
-                SequentialSampler(dataset))
-        if size is None:
-            raise Untranslatable("the DataLoader's own batch sampler has no batch size, so it cannot be sharded")
-        batch_sampler = BatchSampler(sampler, size, drop_last)
+        batch_sampler = _batch_sampler(dataset, size, shuffle, drop_last, shards, shard, seed)
     if device == "auto":
         device = "mixed" if torch.cuda.is_available() else "cpu"
-    if num_threads is None:
-        # shards on this node: at most one per GPU with "mixed"; CPU shards are taken to share this node
-        local = min(shards, torch.cuda.device_count()) if device == "mixed" else shards
-        num_threads = max(1, cpus_available() // max(1, local))
+    num_threads = _threads(device, shards) if num_threads is None else num_threads
     return DaliLoader(recipe, batch_sampler, device=device, num_threads=num_threads, seed=seed,
                       before_epoch=before_epoch)
+
+
+def _threads(device: str, shards: int) -> int:
+    """The CPUs this process may use, shared by the shards on this node: at most one per GPU with "mixed"; CPU
+    shards are taken to share this node."""
+    local = min(shards, torch.cuda.device_count()) if device == "mixed" else shards
+    return max(1, cpus_available() // max(1, local))
+
+
+def _no_batching_arguments(**given: Any) -> None:
+    named = [k for k, v in given.items() if v is not None]
+    if named:
+        raise ValueError(f"loader_from(DataLoader, {', '.join(f'{k}=...' for k in named)}): these come from the "
+                         "DataLoader; pass the dataset instead to choose them")
+
+
+def _batch_sampler(dataset: Any, size: int | None, shuffle: bool, drop_last: bool, shards: int, shard: int,
+                   seed: int) -> BatchSampler:
+    """Batches of ``size`` drawn from this shard's part of each epoch (all of it for one shard)."""
+    if shards > 1:
+        sampler: Any = DistributedSampler(dataset, num_replicas=shards, rank=shard, shuffle=shuffle, seed=seed,
+                                          drop_last=drop_last)
+    else:
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle else (
+            SequentialSampler(dataset))
+    if size is None:
+        raise Untranslatable("the DataLoader's own batch sampler has no batch size, so it cannot be sharded")
+    return BatchSampler(sampler, size, drop_last)
 
 
 def _shards(num_shards: int | None, shard_id: int | None) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 from pipeopt.measure.window import WindowStats
@@ -26,7 +27,8 @@ class Switcher(Protocol):
     user_settings: LoaderSettings
     current: LoaderSettings
     fallback: LoaderSettings
-    failed: BaseException | None
+
+    def take_failure(self) -> BaseException | None: ...
 
     def switch(self, settings: LoaderSettings, *, timeout_s: float | None = None) -> None: ...
 
@@ -68,17 +70,56 @@ class Agreed:
         return Rate(self.samples_per_s, self.rel_se)
 
 
+class Phase(str, Enum):
+    """Where the session is: measuring the user's settings, a trial, the chosen settings (after), a cached
+    configuration (verify), or done. A ``str`` enum: ``session.state == "done"`` reads as before."""
+
+    BEFORE = "before"
+    TRIAL = "trial"
+    AFTER = "after"
+    VERIFY = "verify"
+    DONE = "done"
+
+
+@dataclass
+class TrialWindows:
+    """How the session's windows are cut: ``reset_meter(label, skip, steps, blocks)`` starts one. A trial's
+    window holds at least ``window`` steps, its loader's queue, and ``min_window_s`` at the last measured pace (a
+    shared machine's second-to-second wobble averages out; a trial close to the best costs little); with epochs
+    that short, whole epochs, so each window holds as many epoch starts."""
+
+    reset_meter: Callable[[str, int, int, int], None]
+    window: int = 20
+    min_window_s: float = 0.0
+    epoch_steps: int | None = None
+    last_step_s: float | None = None
+
+    def measure(self, label: str, skip: int, settings: LoaderSettings | None = None) -> None:
+        """Skip ``skip`` steps, then measure windows shaped for ``settings`` (None: the default window)."""
+        if settings is None:
+            self.reset_meter(label, skip, 0, 5)
+            return
+        paced = int(self.min_window_s / self.last_step_s) if self.last_step_s else 0
+        length = max(self.window, settings.in_flight, paced)
+        epoch = self.epoch_steps
+        if epoch and epoch <= length:
+            epochs = max(2, -(-length // epoch))
+            self.reset_meter(label, skip, epochs * epoch, epochs)
+        else:
+            self.reset_meter(label, skip, length, 5)
+
+
 class LoaderSession:
+    """The loader search on the live run: a window of the user's settings, trials the search proposes, the chosen
+    settings confirmed by an after-window (or the user's restored) - or a cached configuration verified."""
+
     def __init__(
         self,
         switcher: Switcher,
         *,
         budget: Budget,
         budget_s: float,
-        reset_meter: Callable[[str, int, int, int], None],
-        window: int = 20,
-        min_window_s: float = 0.0,
-        epoch_steps: int | None = None,
+        windows: TrialWindows,
         clock: Callable[[], float],
         say: Callable[[str], None] = lambda line: None,
         worker_memory: Callable[[], int | None] = lambda: None,
@@ -86,20 +127,10 @@ class LoaderSession:
         floor: float = DEFAULT_FLOOR,
         min_trial_timeout_s: float = 10.0,
     ) -> None:
-        self._agree = agree
-        self._window = window
-        self._min_window_s = min_window_s
-        self._epoch_steps = epoch_steps
-        self._switcher = switcher
-        self._budget = budget
-        self._budget_s = budget_s
-        self._reset_meter = reset_meter
-        self._clock = clock
-        self._say = say
-        self._worker_memory = worker_memory
-        self._floor = floor
-        self._min_timeout = min_trial_timeout_s
-        self.state = "before"
+        self._switcher, self._budget, self._budget_s, self._windows = switcher, budget, budget_s, windows
+        self._clock, self._say, self._worker_memory, self._agree = clock, say, worker_memory, agree
+        self._floor, self._min_timeout = floor, min_trial_timeout_s
+        self.state = Phase.BEFORE
         self._pending: WindowStats | None = None
         self._search: LoaderSearch | None = None
         self._trial: LoaderSettings | None = None
@@ -117,38 +148,39 @@ class LoaderSession:
         self.notes: list[str] = []
         self.from_cache = False
         self._expected: Rate | None = None
-        self._last_step_s: float | None = None
 
     # -- events ---------------------------------------------------------------------------------------------
     def on_window(self, stats: WindowStats) -> None:
         self._pending = stats
 
     def on_step_end(self) -> None:
-        if self._switcher.failed is not None:  # a loader failed and was replaced; judged when the window closes
-            self._failure, self._switcher.failed = self._switcher.failed, None
-            if self.state == "done":
+        failure = self._switcher.take_failure()
+        if failure is not None:  # a loader failed and was replaced; judged when the window closes
+            self._failure = failure
+            if self.state is Phase.DONE:
                 self.notes.append(f"after tuning, the loader's workers failed ({_first_line(self._failure)}); "
                                   f"the run continued with {self._switcher.current.describe()}")
                 self._failure = None
-        if self._pending is None or self.state == "done":
+        if self._pending is None or self.state is Phase.DONE:
             return
         stats, self._pending = self._pending, None
         over_budget = self._elapsed() > self._budget_s
         mem = self._worker_memory() if self._switcher.current.num_workers else None
         agreed = agree(Agreed.of(stats, self._applied, mem, self._failure is not None, over_budget), self._agree)
         failure, self._failure = self._failure, None
-        self._last_step_s = agreed.step_time_s
-        {"before": self._on_before, "trial": self._on_trial, "after": self._on_after, "verify": self._on_verify}[
-            self.state](stats, agreed, failure)
+        self._windows.last_step_s = agreed.step_time_s
+        handle = {Phase.BEFORE: self._on_before, Phase.TRIAL: self._on_trial, Phase.AFTER: self._on_after,
+                  Phase.VERIFY: self._on_verify}[self.state]
+        handle(stats, agreed, failure)
 
     # -- phases ---------------------------------------------------------------------------------------------
     def _on_before(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.before = stats
         self._before_rate = agreed.rate
-        baseline = self._trial_of(self._switcher.user_settings, agreed)
+        baseline = _trial_of(self._switcher.user_settings, agreed)
         self._search = LoaderSearch(baseline, self._budget, floor=self._floor)
         self._started = self._clock()
-        self._next_trial(over_budget=False)
+        self._next_trial()
 
     def _on_trial(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         search = self._search
@@ -160,28 +192,30 @@ class LoaderSession:
             self._say(f"trial {len(search.trials) - 1}: {self._trial.describe()} failed ({error}); "
                       f"continuing with {self._switcher.fallback.describe()}")
         else:
-            search.record(self._trial_of(self._trial, agreed))
+            search.record(_trial_of(self._trial, agreed))
             pooled = search.trials[-1]
             again = f" (pooled over {pooled.repeats} windows)" if pooled.repeats > 1 else ""
             self._say(f"trial {len(search.trials) - 1}: {pooled.settings.describe()} -> "
                       f"{measured(pooled.rate).value:,.1f} samples/s{again}, data wait {pooled.data_wait_frac:.0%} "
                       f"[{self._elapsed():.1f} of {self._budget_s:g} s budget]")
-        self._next_trial(agreed.over_budget)
+        if agreed.over_budget:
+            self.notes.append(f"the tuning budget ({self._budget_s:g} s) ran out; chose among the trials so far")
+            self._choose()
+        else:
+            self._next_trial()
 
-    def _next_trial(self, over_budget: bool) -> None:
+    def _next_trial(self) -> None:
         search = self._search
         if search is None:
             return
-        candidate = None if over_budget else search.propose()
-        if over_budget:
-            self.notes.append(f"the tuning budget ({self._budget_s:g} s) ran out; chose among the trials so far")
+        candidate = search.propose()
         if candidate is not None:
             if candidate == self._trial:  # a repeat: keep the loader, measure another window
-                self._measure(f"trial (repeat): {candidate.describe()}", 0, candidate)
+                self._windows.measure(f"trial (repeat): {candidate.describe()}", 0, candidate)
             else:
                 self._apply(candidate, label="trial", timeout_s=self._trial_timeout())
             self._trial = candidate
-            self.state = "trial"
+            self.state = Phase.TRIAL
             return
         self._choose()
 
@@ -194,22 +228,18 @@ class LoaderSession:
         self.chosen = search.choice()
         user = self._switcher.user_settings
         if self.chosen.settings == user:
-            if self._applied != user:
-                reverted_from = self._applied
-                self._switcher.restore_user()
-                self._applied = user
-                self._measure("your settings", reverted_from.in_flight + user.in_flight)
+            self._back_to_user("your settings")
             self._switcher.settle()
             self.notes.append(f"kept your loader settings ({user.describe()}): no trial was faster beyond noise")
-            self.state = "done"
+            self.state = Phase.DONE
             return
         self._say(f"chose {self.chosen.settings.describe()}; measuring it against the before-window")
         if self._applied != self.chosen.settings:
             self._apply(self.chosen.settings, label="after", timeout_s=None)
         else:
-            self._measure("after", 0, self.chosen.settings)
+            self._windows.measure("after", 0, self.chosen.settings)
         self._switcher.settle()
-        self.state = "after"
+        self.state = Phase.AFTER
 
     def _on_after(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.after = stats
@@ -224,44 +254,37 @@ class LoaderSession:
             self._keep()
             return
         if len(self._after_rates) < 2:  # within noise: measure once more before giving up
-            self._measure("after", 0, self._applied)
+            self._windows.measure("after", 0, self._applied)
             return
         self._revert(f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not "
                      "faster beyond noise")
 
     def _revert(self, why: str) -> None:
-        reverted_from = self._applied
-        self._switcher.restore_user()
-        self._applied = self._switcher.user_settings
-        self._measure("reverted", reverted_from.in_flight + 1)
+        self._back_to_user("reverted")
         self.notes.append(f"reverted to your loader settings: {why}")
         self._say(f"reverted to your loader settings: {why}")
-        self.state = "done"
+        self.state = Phase.DONE
 
     def _keep(self) -> None:
         chosen = self.chosen
         if chosen is None or self.before is None:
             raise RuntimeError("pipeopt: nothing was chosen to keep")
-        user = self._switcher.user_settings
-        trial_rate = chosen.rate.value if chosen.rate else float("nan")
-        before_rate = self._before_rate.value if self._before_rate else float("nan")
-
-        def reason(knob: str) -> str:
-            if knob == "dali":
-                return (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s in its trial; faster than every DataLoader "
-                        "setting tried, beyond noise")
-            if knob == "persistent_workers":
-                return "workers would otherwise restart at every remaining epoch boundary"
-            if knob == "prefetch_factor" and user.num_workers == 0:
-                return "comes with worker processes (torch's default)"
-            return (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s in its trial; the cheapest setting no other "
-                    "trial beat beyond noise")
-
-        self._set_changes(chosen.settings, reason)
+        self._set_changes(chosen.settings, _kept_reasons(self._switcher.user_settings, self._before_rate, chosen))
         self._say(f"kept {chosen.settings.describe()}")
-        self.state = "done"
+        self.state = Phase.DONE
 
     # -- helpers --------------------------------------------------------------------------------------------
+    def _back_to_user(self, label: str) -> bool:
+        """Back to the user's settings (and the user's own loader from the next epoch), measuring from after both
+        loaders' in-flight batches; False when they were in place already."""
+        reverted_from, user = self._applied, self._switcher.user_settings
+        if reverted_from == user:
+            return False
+        self._switcher.restore_user()
+        self._applied = user
+        self._windows.measure(label, reverted_from.in_flight + user.in_flight)
+        return True
+
     def _apply(self, settings: LoaderSettings, *, label: str, timeout_s: float | None) -> None:
         """Switch, then skip the old loader's in-flight batches and the new loader's first queue-full (prefetched
         while the old one drained), and measure a window at least that queue and ``min_window_s`` long (in steps at
@@ -270,21 +293,7 @@ class LoaderSession:
         (``WindowStats.sustained_per_s``)."""
         previous, self._applied = self._applied, settings
         self._switcher.switch(settings, timeout_s=timeout_s)
-        self._measure(f"{label}: {settings.describe()}", previous.in_flight + settings.in_flight, settings)
-
-    def _measure(self, label: str, skip: int, settings: LoaderSettings | None = None) -> None:
-        """Skip ``skip`` steps, then measure windows shaped for ``settings`` (None: the default window)."""
-        if settings is None:
-            self._reset_meter(label, skip, 0, 5)
-            return
-        paced = int(self._min_window_s / self._last_step_s) if self._last_step_s else 0
-        length = max(self._window, settings.in_flight, paced)
-        epoch = self._epoch_steps
-        if epoch and epoch <= length:  # short epochs: whole ones, so each window holds as many epoch starts
-            epochs = max(2, -(-length // epoch))
-            self._reset_meter(label, skip, epochs * epoch, epochs)
-        else:
-            self._reset_meter(label, skip, length, 5)
+        self._windows.measure(f"{label}: {settings.describe()}", previous.in_flight + settings.in_flight, settings)
 
     def _elapsed(self) -> float:
         return 0.0 if self._started is None else self._clock() - self._started
@@ -293,23 +302,11 @@ class LoaderSession:
         step = self.before.step_time_s if self.before else 0.0
         return max(self._min_timeout, 20.0 * step)
 
-    @staticmethod
-    def _trial_of(settings: LoaderSettings, agreed: Agreed) -> Trial:
-        return Trial(
-            settings=settings,
-            rate=agreed.rate,
-            data_wait_frac=agreed.data_wait_frac,
-            transfer_frac=agreed.transfer_frac,
-            cpu_main_pct=agreed.cpu_main_pct,
-            cpu_workers_pct=agreed.cpu_workers_pct,
-            worker_mem_bytes=agreed.worker_mem_bytes,
-        )
-
     def finish(self) -> None:
         """The fit ended mid-trial: a failure already seen is still recorded (no window is agreed on now)."""
-        failure = self._failure or self._switcher.failed
-        self._failure = self._switcher.failed = None
-        if self.state == "trial" and failure is not None and self._search is not None and self._trial is not None:
+        failure = self._failure or self._switcher.take_failure()
+        self._failure = None
+        if self.state is Phase.TRIAL and failure is not None and self._search is not None and self._trial is not None:
             self._search.record(Trial(self._trial, None, error=_first_line(failure)))
 
     def verify_cached(self, settings: LoaderSettings | None, expected_rate: float) -> None:
@@ -322,8 +319,8 @@ class LoaderSession:
             self._apply(settings, label="cached", timeout_s=None)
             self._switcher.settle()
         else:
-            self._measure("cached: your settings", 0)
-        self.state = "verify"
+            self._windows.measure("cached: your settings", 0)
+        self.state = Phase.VERIFY
 
     def _on_verify(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.after = stats
@@ -337,10 +334,10 @@ class LoaderSession:
             self._set_changes(settings, "cached by an earlier run of this fit; verified on this run "
                               f"({measured.value:,.1f} samples/s, {expected.value:,.1f} when cached)")
             self.notes.append("applied the cached loader configuration: no trials")
-            self.state = "done"
+            self.state = Phase.DONE
             return
         if not agreed.failed and len(self._after_rates) < 2:  # short of it: one more window before re-tuning
-            self._measure("cached (again)", 0, self._applied)
+            self._windows.measure("cached (again)", 0, self._applied)
             return
         if measured is not None:
             agreed = dataclasses.replace(agreed, samples_per_s=measured.value, rel_se=measured.rel_se)
@@ -350,36 +347,24 @@ class LoaderSession:
         self.from_cache = False
         self.chosen = None
         self._after_rates = []
-        if self._applied != self._switcher.user_settings:
-            reverted_from = self._applied
-            self._switcher.restore_user()
-            self._applied = self._switcher.user_settings
-            self._measure("before", reverted_from.in_flight + self._applied.in_flight)
-        else:
-            self._measure("before", 0)
-        self.state = "before"
+        if not self._back_to_user("before"):
+            self._windows.measure("before", 0)
+        self.state = Phase.BEFORE
 
     def _set_changes(self, settings: LoaderSettings, reason: str | Callable[[str], str]) -> None:
-        """The knobs where ``settings`` differ from the user's, each with its reason, and the code to keep them."""
-        user = self._switcher.user_settings
-        why = reason if callable(reason) else (lambda knob: reason)
-        if settings.dali:  # DALI replaces the DataLoader: its worker knobs no longer apply
-            self.changes = [Change("dali", None, settings.dali, why("dali"))]
-            return
-        self.changes = [Change(knob, old, getattr(settings, knob), why(knob))
-                        for knob, old in user.as_kwargs().items() if getattr(settings, knob) != old]
+        self.changes = _changes(self._switcher.user_settings, settings, reason)
 
     def restore(self, settings: LoaderSettings | None) -> None:
         """Resume: apply the settings an earlier run of this fit kept (None: it kept the user's), without trials."""
         user = self._switcher.user_settings
-        self.state = "done"
+        self.state = Phase.DONE
         if settings is None or settings == user:
             self.notes.append("resumed from a checkpoint whose tuning kept your loader settings; no trials")
             return
         self._switcher.switch(settings)
         self._switcher.settle()
         self._applied = settings
-        self._measure("restored", user.in_flight + settings.in_flight)
+        self._windows.measure("restored", user.in_flight + settings.in_flight)
         self.chosen = Trial(settings, None)
         self._set_changes(settings, "kept by the run this one resumes (from its checkpoint)")
         self.notes.append("resumed from a checkpoint: applied its tuned loader settings without trials")
@@ -392,7 +377,7 @@ class LoaderSession:
     @property
     def kept(self) -> LoaderSettings | None:
         """The settings tuning kept (None: the user's), once it is done."""
-        return self.chosen.settings if self.state == "done" and self.changes and self.chosen else None
+        return self.chosen.settings if self.state is Phase.DONE and self.changes and self.chosen else None
 
     # -- for the report -------------------------------------------------------------------------------------
     @property
@@ -405,6 +390,39 @@ class LoaderSession:
     def trials(self) -> list[Trial]:
         """Every trial of the loader search, in the order tried."""
         return list(self._search.trials) if self._search is not None else []
+
+
+def _trial_of(settings: LoaderSettings, agreed: Agreed) -> Trial:
+    return Trial(settings=settings, rate=agreed.rate, data_wait_frac=agreed.data_wait_frac,
+                 transfer_frac=agreed.transfer_frac, cpu_main_pct=agreed.cpu_main_pct,
+                 cpu_workers_pct=agreed.cpu_workers_pct, worker_mem_bytes=agreed.worker_mem_bytes)
+
+
+def _changes(user: LoaderSettings, settings: LoaderSettings, reason: str | Callable[[str], str]) -> list[Change]:
+    """The knobs where ``settings`` differ from the user's, each with its reason."""
+    why = reason if callable(reason) else (lambda knob: reason)
+    if settings.dali:  # DALI replaces the DataLoader: its worker knobs no longer apply
+        return [Change("dali", None, settings.dali, why("dali"))]
+    return [Change(knob, old, getattr(settings, knob), why(knob))
+            for knob, old in user.as_kwargs().items() if getattr(settings, knob) != old]
+
+
+def _kept_reasons(user: LoaderSettings, before: Rate | None, chosen: Trial) -> Callable[[str], str]:
+    """Why each knob of a kept change was turned, from the measured rates."""
+    trial_rate = chosen.rate.value if chosen.rate else float("nan")
+    before_rate = before.value if before else float("nan")
+    measured_gain = f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s in its trial"
+
+    def reason(knob: str) -> str:
+        if knob == "dali":
+            return f"{measured_gain}; faster than every DataLoader setting tried, beyond noise"
+        if knob == "persistent_workers":
+            return "workers would otherwise restart at every remaining epoch boundary"
+        if knob == "prefetch_factor" and user.num_workers == 0:
+            return "comes with worker processes (torch's default)"
+        return f"{measured_gain}; the cheapest setting no other trial beat beyond noise"
+
+    return reason
 
 
 def _first_line(err: BaseException | None) -> str:

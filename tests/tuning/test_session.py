@@ -2,7 +2,7 @@
 
 from pipeopt.tuning.agreement import agree
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
-from pipeopt.tuning.session import Agreed, LoaderSession
+from pipeopt.tuning.session import Agreed, LoaderSession, TrialWindows
 from tests.helpers import make_window
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
@@ -22,6 +22,10 @@ class FakeSwitcher:
     def settle(self):
         pass
 
+    def take_failure(self):
+        failure, self.failed = self.failed, None
+        return failure
+
     def restore_user(self):
         self.restored = True
         self.switch(USER)
@@ -31,7 +35,7 @@ def session(agree=lambda v: v, budget_s=60.0, clock=lambda: 0.0):
     resets = []
     switcher = FakeSwitcher()
     s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=budget_s,
-                      reset_meter=lambda *args: resets.append(args), clock=clock, agree=agree)
+                      windows=TrialWindows(lambda *args: resets.append(args)), clock=clock, agree=agree)
     return s, switcher, resets
 
 
