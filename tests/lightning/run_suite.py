@@ -40,6 +40,7 @@ def run(tests_dir: Path, tune: str | None, junit: Path) -> tuple[dict[str, str],
     plugin: list[str] = []
     if tune is not None:
         env["PIPEOPT_TUNE"] = tune
+        env["PIPEOPT_TRIED_LOG"] = str(junit.with_suffix(".tried.json"))
         plugin = ["-p", "pipeopt_everywhere"]
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", *plugin,
@@ -70,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     for tune in ("none", "default"):
         with_pipeopt, seconds = run(tests_dir, tune, work / f"pipeopt-{tune}.xml")
         only = sorted(n for n, o in with_pipeopt.items() if o in ("failed", "error") and plain.get(n) == "passed")
-        summary[f"tune={tune}"] = {**_counts(with_pipeopt, seconds), "fail_only_with_pipeopt": only}
+        exercised = _exercised(work / f"pipeopt-{tune}.tried.json")
+        summary[f"tune={tune}"] = {**_counts(with_pipeopt, seconds), "fail_only_with_pipeopt": only, **exercised}
         print(f"PIPEOPT_TUNE={tune}: {len(only)} test(s) fail only with PipeOpt "
-              f"({_counts(with_pipeopt, seconds)})")
+              f"({_counts(with_pipeopt, seconds)}; {exercised})")
         for name in only:
             print(f"    {name}")
         worst = max(worst, len(only))
@@ -80,6 +82,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
     return 1 if worst else 0
+
+
+def _exercised(path: Path) -> dict[str, object]:
+    """How many tests built a Trainer, how many of those tried a setting (by trial kind), and how many had a fit
+    too short to tune."""
+    if not path.exists():
+        return {}
+    tests = json.loads(path.read_text())
+    with_fits = [t for t in tests.values() if t["fits"]]
+    kinds: dict[str, int] = {}
+    for t in with_fits:
+        for kind in t["tried"]:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return {"tests_with_a_trainer": len(with_fits),
+            "tests_that_tried_a_setting": sum(1 for t in with_fits if t["tried"]),
+            "tests_by_trial_kind": kinds,
+            "tests_with_a_fit_too_short_to_tune": sum(1 for t in with_fits if t["too_short"])}
 
 
 def _counts(outcomes: dict[str, str], seconds: float) -> dict[str, object]:
