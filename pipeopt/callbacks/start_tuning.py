@@ -106,6 +106,9 @@ class BatchTuning:
         self.search = BatchSearch(user, budget_bytes=budget, static_bytes=static,
                                   batchnorm=batch_apply.has_batchnorm(self._module),
                                   may_fold=batch_apply.may_join(loader))
+        if self.search.choice is not None:  # nothing to try, known without a window (no memory to budget)
+            self.choice, self.state = self.search.choice, "done"
+            return None
         self.state = "baseline"
         self._measure(f"batch: {user.describe()}")
         return None
@@ -389,5 +392,7 @@ def _describe_batch_windows(search: BatchSearch) -> str:
             continue
         peak = "" if w.peak_bytes is None else f", peak {w.peak_bytes / 2**30:.2f} GiB"
         parts.append(f"{w.plan.micro} x {w.plan.accumulate}: {w.rate.value:,.1f} samples/s{peak}")
-    return f"batch windows on the live run (micro-batch x accumulation; budget {search.budget_text}): " \
+    budget = "no device memory to budget" if search.budget_text == "the memory budget" else \
+        f"budget {search.budget_text}"
+    return f"batch windows on the live run (micro-batch x accumulation; {budget}): " \
            + "; ".join(parts)

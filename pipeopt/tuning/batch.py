@@ -85,6 +85,20 @@ class BatchSearch:
         self.choice: BatchChoice | None = None
         self._queue: list[BatchPlan] = [user]
         self._goal: str | None = None  # "fit" (shrink below the budget) or "speed" (one fold, beyond noise)
+        if budget_bytes is None:  # no memory to budget: the user's window could only lead to a fold, if any
+            why = self._why_no_fold()
+            if why is not None:
+                self._decide(user, why)
+
+    def _why_no_fold(self) -> str | None:
+        """Why no larger micro-batch is tried for a plan within budget (None: one may be)."""
+        if self._batchnorm:
+            return "kept your micro-batch: the model has batch norm, whose statistics depend on it"
+        if self.user.accumulate == 1:
+            return "kept yours: it accumulates no batches, so no larger micro-batch keeps your effective batch"
+        if not self._may_fold:
+            return "kept yours: the loader has its own collate_fn, whose batches pipeopt does not join"
+        return None
 
     @property
     def budget_text(self) -> str:
@@ -115,13 +129,8 @@ class BatchSearch:
             if not self._queue:
                 self._decide(user, f"yours peaked at {_gib(mine.peak_bytes)} against {self.budget_text} and no "
                                    "smaller micro-batch is predicted to fit; kept yours (it runs)")
-        elif self._batchnorm:
-            self._decide(user, "kept your micro-batch: the model has batch norm, whose statistics depend on it")
-        elif user.accumulate == 1:
-            self._decide(user, "kept yours: it accumulates no batches, so no larger micro-batch keeps your "
-                               "effective batch")
-        elif not self._may_fold:
-            self._decide(user, "kept yours: the loader has its own collate_fn, whose batches pipeopt does not join")
+        elif (why := self._why_no_fold()) is not None:
+            self._decide(user, why)
         else:
             self._goal = "speed"
             folds = [p for p in plans(user) if p.micro > user.micro and self._fits_predicted(p, mine)]
