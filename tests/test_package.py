@@ -64,3 +64,15 @@ def test_every_room_is_placed():
     rooms = {p.stem if p.is_file() else p.name for p in (ROOT / "pipeopt").iterdir()
              if (p.suffix == ".py" or (p / "__init__.py").exists())}
     assert rooms == set(ROOMS)
+
+
+def test_the_callback_stays_thin_and_no_class_or_function_grows_past_its_size():
+    """The sizes issue #14 set: the callback module under 200 lines, no class over 250, no function over 60."""
+    assert len((ROOT / "pipeopt" / "callbacks" / "pipeopt.py").read_text().splitlines()) < 200
+    too_big = []
+    for path in sorted((ROOT / "pipeopt").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            limit = 250 if isinstance(node, ast.ClassDef) else 60 if isinstance(node, ast.FunctionDef) else None
+            if limit is not None and node.end_lineno - node.lineno + 1 > limit:
+                too_big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert too_big == []

@@ -69,9 +69,13 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
                             say=say if trainer.is_global_zero else (lambda line: None),
                             worker_memory=worker_private_memory, agree=agree)
     start = LoaderStart(session, switcher)
+
+    def usable(settings: LoaderSettings | None) -> bool:  # DALI settings only where DALI may be tried now
+        return settings is None or settings.dali in (None, dali)
+
     if restored is not None and "loader" in restored:
         loader = LoaderSettings(**restored["loader"]) if restored["loader"] else None
-        if loader is None or loader.dali in (None, dali):
+        if usable(loader):
             session.restore(loader)
             return start
         session.notes.append("the checkpoint's tuning kept DALI, which cannot be used here; tuned afresh")
@@ -83,7 +87,7 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
         entry = trainer.strategy.broadcast(cache.get(key) if trainer.is_global_zero else None)
         if entry is not None and "loader" in entry and "samples_per_s" in entry:
             cached = LoaderSettings(**entry["loader"]) if entry["loader"] else None
-            if cached is None or cached.dali in (None, dali):  # DALI only where it may be tried now
+            if usable(cached):
                 session.verify_cached(cached, float(entry["samples_per_s"]))
     return start
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.findings import loader_suggestion, trial_rows
+from pipeopt.report.findings import loader_suggestion, predicted_speedup, trial_rows
 from pipeopt.report.model import Environment, Report, Skipped
 from pipeopt.tuning.findings import Outcome
 from pipeopt.tuning.session import LoaderSession
@@ -64,6 +64,7 @@ def _loader_part(windows: Sequence[WindowStats], session: LoaderSession | None, 
                      f"ended with {current_loader}")
     notes.extend(session.notes)
     suggestion = loader_suggestion(session.changes)
-    return before, after, dict(changes=list(session.changes), trials=trial_rows(session.trials),
+    trials = session.search.trials if session.search is not None else []
+    return before, after, dict(changes=list(session.changes), trials=trial_rows(trials),
                                suggestions=[suggestion] if suggestion else [],
-                               predicted_speedup=session.predicted_speedup)
+                               predicted_speedup=predicted_speedup(session))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pipeopt.report.model import Trial as TrialRow
 from pipeopt.tuning.findings import Change
 from pipeopt.tuning.loader_search import Trial
+from pipeopt.tuning.session import LoaderSession
 
 
 def trial_rows(trials: Sequence[Trial]) -> list[TrialRow]:
@@ -14,6 +15,14 @@ def trial_rows(trials: Sequence[Trial]) -> list[TrialRow]:
     return [TrialRow(settings=t.settings.as_kwargs(), samples_per_s=t.rate.value if t.rate else None,
                      data_wait_frac=t.data_wait_frac, status="ok" if t.ok else "failed", error=t.error)
             for t in trials]
+
+
+def predicted_speedup(session: LoaderSession) -> float | None:
+    """The kept change's trial rate over the before-window's (None when nothing changed)."""
+    chosen, before = session.chosen, session.before_rate
+    if chosen is None or chosen.rate is None or before is None or not session.changes:
+        return None
+    return chosen.rate.value / before.value
 
 
 def loader_suggestion(changes: Sequence[Change]) -> str | None:

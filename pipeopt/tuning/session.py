@@ -9,9 +9,8 @@ rank runs the same search on the same numbers and applies the same settings at t
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
@@ -109,34 +108,62 @@ class TrialWindows:
             self.reset_meter(label, skip, length, 5)
 
 
+@dataclass
+class CachedCheck:
+    """A configuration cached by an earlier run of this fit, checked against the rate it had then: it verifies when
+    one window's rate - or two windows' pooled, when the first falls short - reaches ``expected`` within
+    ``VERIFY_TOLERANCE``."""
+
+    settings: LoaderSettings
+    expected: Rate
+    rates: list[Rate] = field(default_factory=list)
+    failed: bool = False
+
+    def judge(self, rate: Rate | None) -> str:
+        """After a window that measured ``rate`` (None: it failed): "verified", "again" (one more window) or
+        "failed"."""
+        self.failed = rate is None
+        if rate is not None:
+            self.rates.append(rate)
+        measured = self.measured
+        if measured is not None and not faster(self.expected, measured, VERIFY_TOLERANCE):
+            return "verified"
+        return "again" if rate is not None and len(self.rates) < 2 else "failed"
+
+    @property
+    def measured(self) -> Rate | None:
+        return combine(*self.rates[:2]) if len(self.rates) > 1 else (self.rates[0] if self.rates else None)
+
+    @property
+    def shortfall(self) -> str:
+        measured = self.measured
+        if self.failed or measured is None:
+            return "its workers failed"
+        return f"{measured.value:,.1f} samples/s against {self.expected.value:,.1f} when cached"
+
+    def __str__(self) -> str:
+        measured = self.measured
+        return f"{measured.value if measured else float('nan'):,.1f} samples/s, {self.expected.value:,.1f} when cached"
+
+
 class LoaderSession:
     """The loader search on the live run: a window of the user's settings, trials the search proposes, the chosen
     settings confirmed by an after-window (or the user's restored) - or a cached configuration verified."""
 
-    def __init__(
-        self,
-        switcher: Switcher,
-        *,
-        budget: Budget,
-        budget_s: float,
-        windows: TrialWindows,
-        clock: Callable[[], float],
-        say: Callable[[str], None] = lambda line: None,
-        worker_memory: Callable[[], int | None] = lambda: None,
-        agree: ReduceMax = lambda values: values,
-        floor: float = DEFAULT_FLOOR,
-        min_trial_timeout_s: float = 10.0,
-    ) -> None:
+    def __init__(self, switcher: Switcher, *, budget: Budget, budget_s: float, windows: TrialWindows,
+                 clock: Callable[[], float], say: Callable[[str], None] = lambda line: None,
+                 worker_memory: Callable[[], int | None] = lambda: None, agree: ReduceMax = lambda values: values,
+                 floor: float = DEFAULT_FLOOR, min_trial_timeout_s: float = 10.0) -> None:
         self._switcher, self._budget, self._budget_s, self._windows = switcher, budget, budget_s, windows
         self._clock, self._say, self._worker_memory, self._agree = clock, say, worker_memory, agree
         self._floor, self._min_timeout = floor, min_trial_timeout_s
         self.state = Phase.BEFORE
         self._pending: WindowStats | None = None
-        self._search: LoaderSearch | None = None
+        self.search: LoaderSearch | None = None
         self._trial: LoaderSettings | None = None
         self._started: float | None = None
         self._after_rates: list[Rate] = []
-        self._before_rate: Rate | None = None
+        self.before_rate: Rate | None = None  # the agreed rate of the before-window
         self._failure: BaseException | None = None
         # The settings this session last put in place - the same on every rank, unlike the switcher's current
         # settings on a rank whose trial failed - so every rank skips and measures the same steps.
@@ -147,9 +174,8 @@ class LoaderSession:
         self.changes: list[Change] = []
         self.notes: list[str] = []
         self.from_cache = False
-        self._expected: Rate | None = None
+        self._cached: CachedCheck | None = None
 
-    # -- events ---------------------------------------------------------------------------------------------
     def on_window(self, stats: WindowStats) -> None:
         self._pending = stats
 
@@ -173,17 +199,16 @@ class LoaderSession:
                   Phase.VERIFY: self._on_verify}[self.state]
         handle(stats, agreed, failure)
 
-    # -- phases ---------------------------------------------------------------------------------------------
     def _on_before(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.before = stats
-        self._before_rate = agreed.rate
+        self.before_rate = agreed.rate
         baseline = _trial_of(self._switcher.user_settings, agreed)
-        self._search = LoaderSearch(baseline, self._budget, floor=self._floor)
+        self.search = LoaderSearch(baseline, self._budget, floor=self._floor)
         self._started = self._clock()
         self._next_trial()
 
     def _on_trial(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
-        search = self._search
+        search = self.search
         if search is None or self._trial is None:
             raise RuntimeError("pipeopt: a trial window arrived without a trial")
         if agreed.failed:
@@ -205,7 +230,7 @@ class LoaderSession:
             self._next_trial()
 
     def _next_trial(self) -> None:
-        search = self._search
+        search = self.search
         if search is None:
             return
         candidate = search.propose()
@@ -220,7 +245,7 @@ class LoaderSession:
         self._choose()
 
     def _choose(self) -> None:
-        search = self._search
+        search = self.search
         if search is None:
             return
         if search.stop_reason:
@@ -248,7 +273,7 @@ class LoaderSession:
                          f"({_first_line(failure) if failure else 'on another rank'})")
             return
         self._after_rates.append(agreed.rate)
-        before = self._before_rate
+        before = self.before_rate
         after = self._after_rates[0] if len(self._after_rates) == 1 else combine(*self._after_rates[:2])
         if before is None or faster(after, before, self._floor):
             self._keep()
@@ -269,11 +294,10 @@ class LoaderSession:
         chosen = self.chosen
         if chosen is None or self.before is None:
             raise RuntimeError("pipeopt: nothing was chosen to keep")
-        self._set_changes(chosen.settings, _kept_reasons(self._switcher.user_settings, self._before_rate, chosen))
+        self._set_changes(chosen.settings, _kept_reasons(self._switcher.user_settings, self.before_rate, chosen))
         self._say(f"kept {chosen.settings.describe()}")
         self.state = Phase.DONE
 
-    # -- helpers --------------------------------------------------------------------------------------------
     def _back_to_user(self, label: str) -> bool:
         """Back to the user's settings (and the user's own loader from the next epoch), measuring from after both
         loaders' in-flight batches; False when they were in place already."""
@@ -306,16 +330,16 @@ class LoaderSession:
         """The fit ended mid-trial: a failure already seen is still recorded (no window is agreed on now)."""
         failure = self._failure or self._switcher.take_failure()
         self._failure = None
-        if self.state is Phase.TRIAL and failure is not None and self._search is not None and self._trial is not None:
-            self._search.record(Trial(self._trial, None, error=_first_line(failure)))
+        if self.state is Phase.TRIAL and failure is not None and self.search is not None and self._trial is not None:
+            self.search.record(Trial(self._trial, None, error=_first_line(failure)))
 
     def verify_cached(self, settings: LoaderSettings | None, expected_rate: float) -> None:
         """Apply a configuration cached by an earlier run and check it with one window against the rate it had
         then; only if it falls short is the run tuned afresh."""
-        self.from_cache = True
-        self._expected = Rate(expected_rate, 0.0)
-        self.chosen = Trial(settings or self._switcher.user_settings, None)
-        if settings is not None and settings != self._switcher.user_settings:
+        user = self._switcher.user_settings
+        self.from_cache, self._cached = True, CachedCheck(settings or user, Rate(expected_rate, 0.0))
+        self.chosen = Trial(settings or user, None)
+        if settings is not None and settings != user:
             self._apply(settings, label="cached", timeout_s=None)
             self._switcher.settle()
         else:
@@ -324,29 +348,20 @@ class LoaderSession:
 
     def _on_verify(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.after = stats
-        expected = self._expected
-        if not agreed.failed:
-            self._after_rates.append(agreed.rate)
-        measured = combine(*self._after_rates[:2]) if len(self._after_rates) > 1 else (
-            self._after_rates[0] if self._after_rates else None)
-        if expected is not None and measured is not None and not faster(expected, measured, VERIFY_TOLERANCE):
-            settings = self.chosen.settings if self.chosen else self._switcher.user_settings
-            self._set_changes(settings, "cached by an earlier run of this fit; verified on this run "
-                              f"({measured.value:,.1f} samples/s, {expected.value:,.1f} when cached)")
+        check = self._cached
+        if check is None:
+            raise RuntimeError("pipeopt: a cached configuration's window arrived without one")
+        verdict = check.judge(None if agreed.failed else agreed.rate)
+        if verdict == "again":
+            self._windows.measure("cached (again)", 0, self._applied)
+            return
+        if verdict == "verified":
+            self._set_changes(check.settings, f"cached by an earlier run of this fit; verified on this run ({check})")
             self.notes.append("applied the cached loader configuration: no trials")
             self.state = Phase.DONE
             return
-        if not agreed.failed and len(self._after_rates) < 2:  # short of it: one more window before re-tuning
-            self._windows.measure("cached (again)", 0, self._applied)
-            return
-        if measured is not None:
-            agreed = dataclasses.replace(agreed, samples_per_s=measured.value, rel_se=measured.rel_se)
-        why = "its workers failed" if agreed.failed else (
-            f"{agreed.rate.value:,.1f} samples/s against {expected.value:,.1f} when cached" if expected else "")
-        self.notes.append(f"the cached loader configuration did not verify ({why}); tuned afresh")
-        self.from_cache = False
-        self.chosen = None
-        self._after_rates = []
+        self.notes.append(f"the cached loader configuration did not verify ({check.shortfall}); tuned afresh")
+        self.from_cache, self.chosen, self._cached = False, None, None
         if not self._back_to_user("before"):
             self._windows.measure("before", 0)
         self.state = Phase.BEFORE
@@ -378,18 +393,6 @@ class LoaderSession:
     def kept(self) -> LoaderSettings | None:
         """The settings tuning kept (None: the user's), once it is done."""
         return self.chosen.settings if self.state is Phase.DONE and self.changes and self.chosen else None
-
-    # -- for the report -------------------------------------------------------------------------------------
-    @property
-    def predicted_speedup(self) -> float | None:
-        if self.chosen is None or self.chosen.rate is None or self._before_rate is None or not self.changes:
-            return None
-        return self.chosen.rate.value / self._before_rate.value
-
-    @property
-    def trials(self) -> list[Trial]:
-        """Every trial of the loader search, in the order tried."""
-        return list(self._search.trials) if self._search is not None else []
 
 
 def _trial_of(settings: LoaderSettings, agreed: Agreed) -> Trial:

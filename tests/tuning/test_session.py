@@ -61,7 +61,7 @@ def test_a_failure_on_another_rank_fails_the_trial_on_every_rank():
     assert switcher.switches[-1].num_workers == 1
     other_rank_failed["now"] = True
     feed(s, 300.0, 0.5)  # this rank measured fine; the other rank's workers died
-    failed = [t for t in s._search.trials if not t.ok]
+    failed = [t for t in s.search.trials if not t.ok]
     assert failed and failed[0].settings.num_workers == 1 and "another rank" in failed[0].error
 
 
@@ -78,7 +78,7 @@ def test_the_slowest_rank_and_the_largest_wait_decide():
     feed(s, 100.0, 0.9)
     slower["rate"] = 101.0  # this rank saw 300/s with a worker, the other rank only 101/s
     feed(s, 300.0, 0.5)
-    assert s._search.trials[-1].rate.value == 101.0
+    assert s.search.trials[-1].rate.value == 101.0
 
 
 def test_any_rank_over_budget_ends_the_search_on_all():
@@ -123,7 +123,7 @@ def test_a_cached_configuration_is_trusted_when_it_verifies():
     feed(s, 700.0, 0.1)  # short of 80 %: measured once more
     assert s.state == "verify"
     feed(s, 1000.0, 0.05)  # together 850: within the tolerance
-    assert s.state == "done" and s.kept == cached and s._search is None
+    assert s.state == "done" and s.kept == cached and s.search is None
     assert any("applied the cached loader configuration" in n for n in s.notes)
 
 
