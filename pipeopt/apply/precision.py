@@ -37,6 +37,12 @@ def apply_precision(trainer: Any, precision: str) -> None:
     _lightning.set_precision_plugin(trainer, plugin)
 
 
+def skipped_step(outputs: Any) -> bool:
+    """Whether the training step returned no loss (a skipped batch) - without reading the loss's value."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    return not isinstance(loss, torch.Tensor)
+
+
 def step_loss(outputs: Any) -> float | None:
     """The loss a training step returned (``on_train_batch_end``'s ``outputs``: a tensor or a mapping with
     ``"loss"``); None when the step returned none (a skipped batch)."""

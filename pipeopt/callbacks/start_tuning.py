@@ -33,29 +33,20 @@ Agree = ReduceMax
 RESUMED = "kept by the run this one resumes (from its checkpoint)"
 
 
-class BatchTuning:
-    """Micro-batch x accumulation, tried on the live run once the loader is settled: a window of real training
-    steps under the user's plan, then under at most a few candidates (``BatchSearch``); what is kept trains the
-    rest of the fit, otherwise the user's plan is restored. Switches happen between optimizer steps where the
-    accumulation lines up (``PlanSwitch``), on every rank at the same step: every optimizer step sees the user's
-    effective batch, every sample is trained once, and pipeopt calls no ``training_step`` of its own."""
+class _LiveGroup:
+    """What the batch plan and precision share: a state (``waiting`` -> ... -> ``done``), the windows they measure
+    while ``baseline`` or ``trial``, and windows cut at least ``window`` steps and ``min_window_s`` long at the
+    last measured pace."""
 
-    def __init__(self, *, memory_fraction: float, agree: Agree, say: Callable[[str], None],
-                 reset_meter: Callable[..., None], window: int, min_window_s: float) -> None:
-        self._fraction, self._agree, self._say, self._reset_meter = memory_fraction, agree, say, reset_meter
+    def __init__(self, *, agree: Agree, say: Callable[[str], None], reset_meter: Callable[..., None], window: int,
+                 min_window_s: float) -> None:
+        self._agree, self._say, self._reset_meter = agree, say, reset_meter
         self._window, self._min_window_s = window, min_window_s
-        self.user: BatchPlan | None = None
-        self.choice: BatchChoice | None = None
-        self.search: BatchSearch | None = None
-        self.state = "waiting"  # -> "baseline" -> "trial" (one per candidate) -> "done"; "switching" in between
+        self.state = "waiting"
         self.after_from: int | None = None  # windows measured before the decision (the next one is after it)
-        self._switch: PlanSwitch | None = None
-        self._wanted: tuple[BatchPlan, str, str] | None = None  # a switch waiting for its step: plan, label, state
         self._pending: WindowStats | None = None
-        self._no_loss = False
         self._windows = 0
         self._step_s: float | None = None
-        self._module: Any = None
 
     @property
     def decided(self) -> bool:
@@ -64,6 +55,35 @@ class BatchTuning:
     @property
     def measuring(self) -> bool:
         return self.state in ("baseline", "trial")
+
+    def on_window(self, stats: WindowStats) -> None:
+        self._pending = stats
+        self._windows += 1
+
+    def _measure(self, label: str, skip: int = 0) -> None:
+        paced = int(self._min_window_s / self._step_s) if self._step_s else 0
+        self._reset_meter(label, skip, max(self._window, paced))
+
+
+class BatchTuning(_LiveGroup):
+    """Micro-batch x accumulation, tried on the live run once the loader is settled: a window of real training
+    steps under the user's plan, then under at most a few candidates (``BatchSearch``); what is kept trains the
+    rest of the fit, otherwise the user's plan is restored. Switches happen between optimizer steps where the
+    accumulation lines up (``PlanSwitch``), on every rank at the same step: every optimizer step sees the user's
+    effective batch, every sample is trained once, and pipeopt calls no ``training_step`` of its own."""
+
+    def __init__(self, *, memory_fraction: float, agree: Agree, say: Callable[[str], None],
+                 reset_meter: Callable[..., None], window: int, min_window_s: float) -> None:
+        super().__init__(agree=agree, say=say, reset_meter=reset_meter, window=window, min_window_s=min_window_s)
+        self._fraction = memory_fraction
+        self.user: BatchPlan | None = None
+        self.choice: BatchChoice | None = None
+        self.search: BatchSearch | None = None
+        # state: "waiting" -> "baseline" -> "trial" (one per candidate) -> "done"; "switching" in between
+        self._switch: PlanSwitch | None = None
+        self._wanted: tuple[BatchPlan, str, str] | None = None  # a switch waiting for its step: plan, label, state
+        self._no_loss = False
+        self._module: Any = None
 
     def leave_alone(self) -> None:
         """Nothing is tried in this fit (the reason is in the report)."""
@@ -115,12 +135,8 @@ class BatchTuning:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def on_batch_end(self, outputs: Any) -> None:
-        if self.measuring and precision_apply.step_loss(outputs) is None:
+        if self.measuring and precision_apply.skipped_step(outputs):
             self._no_loss = True  # training_step skipped this batch: its batches are the user's to choose
-
-    def on_window(self, stats: WindowStats) -> None:
-        self._pending = stats
-        self._windows += 1
 
     def on_step_end(self, trainer: Any) -> None:
         """Between optimizer steps, the same step on every rank: make a waiting switch, or judge a window."""
@@ -172,10 +188,6 @@ class BatchTuning:
         self._wanted = (plan, label, state)
         self.on_step_end(trainer)
 
-    def _measure(self, label: str, skip: int = 0) -> None:
-        paced = int(self._min_window_s / self._step_s) if self._step_s else 0
-        self._reset_meter(label, skip, max(self._window, paced))
-
     def epoch_started(self) -> None:
         if self._switch is not None:
             self._switch.epoch_started()
@@ -205,7 +217,7 @@ class BatchTuning:
         return {"batch": None if self.choice.plan == self.user else dataclasses.asdict(self.choice.plan)}
 
 
-class PrecisionTuning:
+class PrecisionTuning(_LiveGroup):
     """Mixed precision, tried on the live run once the loader is settled (an input-bound step cannot show what a
     faster compute buys): a window of real training steps in fp32, then a window under each candidate; the fastest
     candidate that beat fp32 beyond noise with its loss in line is kept, otherwise fp32 is restored. Every step
@@ -220,29 +232,17 @@ class PrecisionTuning:
 
     def __init__(self, *, agree: Agree, say: Callable[[str], None], reset_meter: Callable[..., None],
                  window: int, min_window_s: float) -> None:
-        self._agree, self._say, self._reset_meter = agree, say, reset_meter
-        self._window, self._min_window_s = window, min_window_s
+        super().__init__(agree=agree, say=say, reset_meter=reset_meter, window=window, min_window_s=min_window_s)
         self.choice: PrecisionChoice | None = None
         self.skipped = False
-        self.state = "waiting"  # -> "baseline" (fp32 window) -> "trial" (one per candidate) -> "done"
+        # state: "waiting" -> "baseline" (fp32 window) -> "trial" (one per candidate) -> "done"
         self.trials: list[PrecisionTrial] = []
-        self.after_from: int | None = None  # windows measured before the decision (the next one is after it)
         self._candidates: list[str] = []
         self._trying: str = FP32
         self._losses: list[float] = []
         self._failure: str | None = None
-        self._pending: WindowStats | None = None
         self._scale: float | None = None
         self._skips = 0
-        self._step_s: float | None = None
-
-    @property
-    def decided(self) -> bool:
-        return self.state == "done"
-
-    @property
-    def measuring(self) -> bool:
-        return self.state in ("baseline", "trial")
 
     def leave_alone(self) -> None:
         """Nothing is tried in this fit (the reason is in the report)."""
@@ -294,10 +294,6 @@ class PrecisionTuning:
         elif self._skips >= self.SCALER_SKIPS:
             self._fail_here(trainer, f"its gradient scaler skipped {self._skips} optimizer steps in a row")
 
-    def on_window(self, stats: WindowStats) -> None:
-        self._pending = stats
-        self._windows += 1
-
     def on_step_end(self, trainer: Any) -> None:
         """Between optimizer steps, the same step on every rank: judge a window that closed."""
         if self._pending is None or not self.measuring:
@@ -346,10 +342,9 @@ class PrecisionTuning:
         self._failure = why
         precision_apply.apply_precision(trainer, FP32)
 
-    def _measure(self, label: str, skip: int) -> None:
-        paced = int(self._min_window_s / self._step_s) if self._step_s else 0
+    def _measure(self, label: str, skip: int = 0) -> None:
         self._losses = []
-        self._reset_meter(label, skip, max(self._window, paced))
+        super()._measure(label, skip)
 
     # -- the report and checkpoints -------------------------------------------------------------------------
     def outcome(self) -> Outcome:
