@@ -75,6 +75,24 @@ def new_callback(cls: type, namespace: str) -> Any:
     return object.__new__(as_callback_class(cls, namespace))
 
 
+class JoinedCallback:
+    """Base of a callback that names no Lightning: each instance's class joins the ``Callback`` of the Lightning the
+    program already imported (``as_callback_class``), and pickles (``ddp_spawn``, ``copy.deepcopy``) as the user's
+    class and the namespace it joined."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__new__(as_callback_class(cls))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        namespace = type(self).__dict__.get("_lightning_namespace")
+        if namespace is None:  # a subclass that names its Lightning Callback base itself pickles as usual
+            return super().__reduce_ex__(protocol)
+        return (new_callback, (type(self).__mro__[1], namespace), self.__getstate__())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
 # Profiler action names the training loop uses (Trainer.profiler is the loop's own, public, timing seam):
 #: ``_DataFetcher.__next__`` wraps exactly ``next(iterator)`` of the train loader in this action.
 FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
@@ -194,15 +212,23 @@ def restore_train_setup(trainer: Any, setup: tuple[list[Any], int, Any]) -> None
     trainer.strategy.precision_plugin = plugin
 
 
+def steps_per_epoch(trainer: Any) -> int | None:
+    """Optimizer steps in an epoch (a short last accumulation steps too); None for an epoch of unknown length."""
+    batches = trainer.num_training_batches
+    if batches in (None, float("inf")):
+        return None
+    return -(-int(batches) // max(1, int(trainer.accumulate_grad_batches)))
+
+
 def planned_steps(trainer: Any) -> int | None:
     """The optimizer steps the whole fit will run, from ``max_steps`` and ``max_epochs`` x the epoch's steps (None
     when neither bounds it)."""
     limits = []
     if trainer.max_steps not in (None, -1):
         limits.append(int(trainer.max_steps))
-    batches = trainer.num_training_batches
-    if trainer.max_epochs not in (None, -1) and batches not in (None, float("inf")):
-        limits.append(int(trainer.max_epochs) * -(-int(batches) // max(1, int(trainer.accumulate_grad_batches))))
+    per_epoch = steps_per_epoch(trainer)
+    if trainer.max_epochs not in (None, -1) and per_epoch is not None:
+        limits.append(int(trainer.max_epochs) * per_epoch)
     return min(limits) if limits else None
 
 

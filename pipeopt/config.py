@@ -52,6 +52,7 @@ class PipeOptConfig:
     report_dir: Path | None = Path("pipeopt_reports")
     cache: bool | Path = True
     stop_when_tuned: bool = False
+    cost_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen dataclass: normalise in place
@@ -79,3 +80,7 @@ class PipeOptConfig:
             raise _bad("cache", self.cache, "True, False or a file path")
         if not isinstance(self.stop_when_tuned, bool):
             raise _bad("stop_when_tuned", self.stop_when_tuned, "True or False")
+        if self.cost_per_hour is not None and (not _is_number(self.cost_per_hour) or not self.cost_per_hour > 0
+                                               or self.cost_per_hour == float("inf")):
+            raise _bad("cost_per_hour", self.cost_per_hour,
+                       "the price of one hour of this run's machines (a number > 0, any currency), or None")

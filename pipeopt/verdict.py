@@ -49,3 +49,31 @@ def judge(window: WindowStats) -> Verdict:
     else:
         kind, why = BALANCED, f"{share}; input and compute both matter"
     return Verdict(kind=kind, data_wait_frac=wait, input_free_speedup=estimate, reason=why)
+
+
+#: transfer (host-to-device copy) share of the step at or above which the run is transfer-bound.
+TRANSFER_BOUND_AT = 0.20
+#: a window whose device-memory peak comes within this share of the budget is memory-capacity-bound.
+MEMORY_BOUND_WITHIN = 0.05
+
+TRANSFER_BOUND = "transfer-bound"
+MEMORY_BOUND = "memory-capacity-bound"
+
+
+def limit(window: WindowStats, *, budget_bytes: int | None = None, shrunk: bool = False) -> tuple[str, str]:
+    """What limits a window's throughput, and why: the data wait first (input-bound), then the host-to-device copy
+    (transfer-bound), then memory (the batch plan had to split the micro-batch, ``shrunk``, or the window's peak came
+    within 5 % of the budget), else compute (or balanced, as ``judge`` has it)."""
+    if window.data_wait_frac >= INPUT_BOUND_AT:
+        return INPUT_BOUND, f"the loop waited for data {window.data_wait_frac:.0%} of each step"
+    if window.transfer_frac >= TRANSFER_BOUND_AT:
+        return TRANSFER_BOUND, f"copying batches to the device took {window.transfer_frac:.0%} of each step"
+    if shrunk:
+        return MEMORY_BOUND, "the micro-batch had to be split to fit the memory budget"
+    peak = window.resources.peak_mem_bytes
+    if peak is not None and budget_bytes and peak >= (1 - MEMORY_BOUND_WITHIN) * budget_bytes:
+        return MEMORY_BOUND, f"the device-memory peak reached {peak / budget_bytes:.0%} of the budget"
+    kind = judge(window).kind
+    return kind, ("the step's own work sets the pace" if kind == COMPUTE_BOUND
+                  else f"the loop waited for data {window.data_wait_frac:.0%} of each step; input and compute both "
+                       "matter")

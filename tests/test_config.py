@@ -27,6 +27,9 @@ from pipeopt import TUNE_GROUPS, PipeOpt
         ({"report_dir": 5}, "report_dir"),
         ({"cache": 3}, "cache"),
         ({"cache": ""}, "cache"),
+        ({"cost_per_hour": 0}, "cost_per_hour"),
+        ({"cost_per_hour": "2.5"}, "cost_per_hour"),
+        ({"cost_per_hour": float("inf")}, "cost_per_hour"),
     ],
 )
 def test_invalid_arguments_name_the_argument_and_the_value(kwargs, name):

@@ -1,5 +1,6 @@
 """What measures a fit: the step timer fed by a profiler tap on the Trainer's own profiler, the window meter with its
-CPU, memory and (on CUDA, with a driver) NVML probe, and the environment for the report."""
+CPU, memory and (on CUDA, with a driver) NVML probe, the memory breakdown, each epoch's wall time, and the environment
+for the report."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 from pipeopt import _lightning
 from pipeopt.apply.loader import live_ready_batches
 from pipeopt.config import PipeOptConfig
+from pipeopt.measure.batch import batch_size
 from pipeopt.measure.cpu import CpuMeter
-from pipeopt.measure.device import clock_for
+from pipeopt.measure.device import clock_for, device_memory_bytes
+from pipeopt.measure.memory import MemoryMeter
 from pipeopt.measure.nvml import NOT_CUDA, NvmlSampler, device_handle, open_nvml
 from pipeopt.measure.resources import ResourceProbe
 from pipeopt.measure.steps import StepTimer
@@ -48,6 +51,36 @@ class Instruments:
         )
         self._previous_profiler = _lightning.swap_profiler(trainer, tap)
         self.environment = environment.collect(device, world_size=trainer.world_size, gpu_monitoring=gpu_status)
+        self.device_memory = device_memory_bytes(device)
+        self.memory = MemoryMeter()
+        self.epochs_s: list[float] = []  # wall time of each train epoch run to its end
+        self._clock = clock
+        self._epoch_start: float | None = None
+
+    def batch_started(self, trainer: Any, batch: Any) -> None:
+        self.memory.batch_started(batch, batch_size(batch), _lightning.precision_of(trainer))
+
+    def batch_ended(self, trainer: Any, batch: Any, stepped: bool) -> None:
+        self.timer.batch_ended(batch_size(batch), stepped)
+        if stepped:
+            self.memory.after_step(trainer.optimizers)
+
+    def interrupted(self, epoch: str | None) -> None:
+        """Validation or an epoch boundary (``epoch``: "started" or "ended"): the step in progress is not a training
+        step; an epoch's wall time is kept."""
+        self.timer.interrupted()
+        if epoch == "started":
+            self._epoch_start = self._clock()
+        elif epoch == "ended" and self._epoch_start is not None:
+            self.epochs_s.append(self._clock() - self._epoch_start)
+            self._epoch_start = None
+
+    def finish(self, window: int) -> None:
+        """The fit ends: the step in progress is dropped; a last, shorter window (at least half of ``window``) still
+        tells the end of the run."""
+        self.timer.interrupted()
+        if self.meter.pending_steps >= max(2, window // 2):
+            self.meter.compute()
 
     def release(self, trainer: Any) -> None:
         if isinstance(trainer.profiler, ProfilerTap):

@@ -15,7 +15,6 @@ from pipeopt._lightning import rank_zero_warn
 from pipeopt.callbacks.instruments import Instruments
 from pipeopt.callbacks.run import TuningRun
 from pipeopt.config import TUNE_GROUPS, PathLike, PipeOptConfig
-from pipeopt.measure.batch import batch_size
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.metrics import summary_metrics, window_metrics
 from pipeopt.report.model import Report
@@ -25,7 +24,7 @@ from pipeopt.report.publish import publish
 STATE_VERSION = 1
 
 
-class PipeOpt:
+class PipeOpt(_lightning.JoinedCallback):
     """Measure where a training step's time goes (data wait, transfer, compute; CUDA events on GPU; CPU, memory
     and NVML figures per window), tune what ``tune`` allows on the live run, and report before/after figures: a
     table (rank zero), JSON and HTML files in ``report_dir``, ``pipeopt/...`` logger metrics
@@ -47,22 +46,14 @@ class PipeOpt:
             loader arguments, accelerator, CPUs, versions) matches applies the cached configuration at once,
             verifies it with one window and tunes afresh only if that fails.
         stop_when_tuned: stop the fit cleanly once tuning and its after-window are done (``pipeopt tune``).
+        cost_per_hour: the price of an hour of the run's machines (any currency): the report then gives each epoch's
+            and the fit's cost before and after tuning. No prices are built in.
         console: where the table is printed (default: a new ``rich.console.Console``).
         clock: host clock, seconds (injectable for tests).
 
     A Lightning callback of whichever Lightning the program uses (``lightning.pytorch`` or ``pytorch_lightning``):
     the instance's class joins the ``Callback`` of the one already imported, so pipeopt never imports the other.
     """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> PipeOpt:
-        return super().__new__(_lightning.as_callback_class(cls))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        """Pickled (``ddp_spawn``, ``copy.deepcopy``) as the user's class and the Lightning namespace it joined."""
-        namespace = type(self).__dict__.get("_lightning_namespace")
-        if namespace is None:  # a subclass that names its Lightning Callback base itself pickles as usual
-            return super().__reduce_ex__(protocol)
-        return (_lightning.new_callback, (type(self).__mro__[1], namespace), self.__getstate__())
 
     def __getstate__(self) -> dict[str, Any]:
         """A console belongs to its process (it holds a lock): a spawned copy prints to a console of its own."""
@@ -71,12 +62,12 @@ class PipeOpt:
     def __init__(self, *, tune: Collection[str] = TUNE_GROUPS, budget_s: float = 60.0, memory_fraction: float = 0.9,
                  window: int = 20, window_s: float = 1.0, warmup: int = 5,
                  report_dir: PathLike | None = "pipeopt_reports", cache: bool | PathLike = True,
-                 stop_when_tuned: bool = False, console: Console | None = None,
+                 stop_when_tuned: bool = False, cost_per_hour: float | None = None, console: Console | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = PipeOptConfig(  # validates; makes `tune` a frozenset and paths Paths (hence the ignore)
             tune=tune, budget_s=budget_s, memory_fraction=memory_fraction, window=window,  # type: ignore[arg-type]
             window_s=window_s, warmup=warmup, report_dir=report_dir, cache=cache,  # type: ignore[arg-type]
-            stop_when_tuned=stop_when_tuned)
+            stop_when_tuned=stop_when_tuned, cost_per_hour=cost_per_hour)
         self._console = console
         self._clock = clock
         self.report: Report | None = None
@@ -121,7 +112,7 @@ class PipeOpt:
         self._instruments = self._run = self._trainer = self._restored = None  # the restored state served this fit
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self._interrupted()
+        self._interrupted(epoch="started")
         if self._run is not None:
             self._run.epoch_started()
 
@@ -129,16 +120,26 @@ class PipeOpt:
         self._interrupted()
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._interrupted()
+        self._interrupted(epoch="ended")
         if self._run is not None:
             self._run.epoch_ended()
 
-    def _interrupted(self) -> None:  # validation or an epoch boundary: the step in progress is not a training step
+    def _interrupted(self, epoch: str | None = None) -> None:  # validation or an epoch boundary: not a training step
         if self._instruments is not None:
-            self._instruments.timer.interrupted()
+            self._instruments.interrupted(epoch)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._step_at_batch_start = trainer.global_step
+        if self._instruments is not None:
+            self._instruments.batch_started(trainer, batch)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:  # the step's graph, read only
+        if self._instruments is not None:
+            self._instruments.memory.before_backward(loss, pl_module)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._instruments is not None:
+            self._instruments.memory.before_optimizer_step(pl_module)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._log_step = _lightning.logger_step(trainer)  # a window closing in this batch describes this step
@@ -147,7 +148,7 @@ class PipeOpt:
         if run is not None:
             run.batch_ended(trainer, outputs)
         if instruments is not None:
-            instruments.timer.batch_ended(batch_size(batch), stepped)
+            instruments.batch_ended(trainer, batch, stepped)
         if run is not None:
             run.step_ended(trainer, stepped, len(self.windows))
             if self.config.stop_when_tuned and run.finished(len(self.windows)):
@@ -170,12 +171,9 @@ class PipeOpt:
         instruments, run = self._instruments, self._run
         if instruments is None or run is None:
             return
-        instruments.timer.interrupted()
         run.finish()
-        if instruments.meter.pending_steps >= max(2, self.config.window // 2):
-            instruments.meter.compute()  # a last, shorter window still tells the end of the run
-        report = self.report = run.report(self.windows, instruments.environment, instruments.meter.steps_seen,
-                                          instruments.timer.dropped_partial)
+        instruments.finish(self.config.window)
+        report = self.report = run.report(trainer, self.windows, instruments)
         if trainer.is_global_zero:
             run.remember(report)
             _lightning.log_metrics(trainer, summary_metrics(report), self._log_step)

@@ -11,12 +11,14 @@ from pipeopt import _lightning
 from pipeopt._lightning import rank_zero_warn
 from pipeopt.apply.loader import LoaderSwitcher
 from pipeopt.cache import TunedCache
+from pipeopt.callbacks.instruments import Instruments
 from pipeopt.callbacks.loader_start import start_loader_session
 from pipeopt.callbacks.start_tuning import BatchTuning, PrecisionTuning
 from pipeopt.config import PipeOptConfig
 from pipeopt.measure.window import WindowMeter, WindowStats
 from pipeopt.report.assemble import assemble
-from pipeopt.report.model import Environment, Report, Skipped
+from pipeopt.report.fit import fit_and_cost, time_and_cost
+from pipeopt.report.model import Report, Skipped
 from pipeopt.tuning.agreement import ReduceMax
 from pipeopt.tuning.session import LoaderSession
 
@@ -35,6 +37,7 @@ class TuningRun:
         self.precision: PrecisionTuning | None = None
         self.batch: BatchTuning | None = None
         self._user_setup: tuple[list[Any], int, Any] | None = None  # restored if the fit fails
+        self._epoch_steps: tuple[int | None, int | None] = (None, None)  # per epoch and for the fit, at its start
         self._done_at_window: int | None = None
 
     # -- the start --------------------------------------------------------------------------------------------
@@ -42,6 +45,7 @@ class TuningRun:
         """Start every group the fit may tune; a checkpoint's tuned state is applied without trials."""
         cfg, meter = self._config, self._meter
         self._user_setup = _lightning.train_setup(trainer)
+        self._epoch_steps = (_lightning.steps_per_epoch(trainer), _lightning.planned_steps(trainer))
         short = None if restored is not None else self._too_short(trainer)
         kwargs = dict(agree=self._agree, say=self._say, reset_meter=meter.reset, window=cfg.window,
                       min_window_s=cfg.window_s)
@@ -166,13 +170,22 @@ class TuningRun:
         if self.session is not None:
             self.session.finish()
 
-    def report(self, windows: list[WindowStats], environment: Environment, steps_measured: int,
-               dropped_partial: int) -> Report:
+    def report(self, trainer: Any, windows: list[WindowStats], instruments: Instruments) -> Report:
         current = self.switcher.current.describe() if self.switcher is not None else None
-        return assemble(windows=windows, environment=environment, skipped=self.skipped, steps_measured=steps_measured,
-                        dropped_partial=dropped_partial, session=self.session, current_loader=current,
-                        precision=self.precision.outcome() if self.precision else None,
-                        batch=self.batch.outcome() if self.batch else None, after_from=self.after_from)
+        report = assemble(windows=windows, environment=instruments.environment, skipped=self.skipped,
+                          steps_measured=instruments.meter.steps_seen,
+                          dropped_partial=instruments.timer.dropped_partial, session=self.session,
+                          current_loader=current, precision=self.precision.outcome() if self.precision else None,
+                          batch=self.batch.outcome() if self.batch else None, after_from=self.after_from)
+        steps_per_epoch, planned = self._epoch_steps
+        time = time_and_cost(report.before, report.after, steps_per_epoch=steps_per_epoch, planned_steps=planned,
+                             epochs_measured_s=instruments.epochs_s, cost_per_hour=self._config.cost_per_hour)
+        report.fit = fit_and_cost(
+            windows=windows, before=report.before, after=report.after, memory=instruments.memory.breakdown(),
+            memory_note=instruments.memory.unavailable, accumulate=_lightning.accumulation(trainer),
+            device_memory_bytes=instruments.device_memory, memory_fraction=self._config.memory_fraction,
+            shrunk=any(c.knob == "batch_size" and c.after < c.before for c in report.changes), time=time)
+        return report
 
     def remember(self, report: Report) -> None:
         """Put the change tuning kept in the cache (a failure to write only warns). Runs that kept the user's

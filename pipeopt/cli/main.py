@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported at run time only when there is a run to tune (it i
 
 USAGE = """\
 pipeopt tune SCRIPT [--budget SECONDS] [--only GROUPS] [--report-dir DIR] [--full] [--no-cache | --cache FILE]
-             [-- SCRIPT ARGS...]
+             [--cost-per-hour PRICE] [-- SCRIPT ARGS...]
 pipeopt report FILE.json [--html OUT.html]"""
 
 
@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where the JSON and HTML reports go (default pipeopt_reports)")
     tune.add_argument("--full", action="store_true",
                       help="train to the end (default: stop the fit cleanly once tuning is done and verified)")
+    tune.add_argument("--cost-per-hour", type=float, metavar="PRICE",
+                      help="what an hour of the run's machines costs (any currency): the report then gives the cost "
+                           "of an epoch and of the whole fit before and after tuning")
     cache = tune.add_mutually_exclusive_group()
     cache.add_argument("--no-cache", action="store_true", help="neither use nor store tuned configurations")
     cache.add_argument("--cache", type=Path, metavar="FILE", help="the tuning cache file (default: see docs)")
@@ -92,10 +95,12 @@ def _tune(args: argparse.Namespace, script_args: list[str], parser: argparse.Arg
     try:
         groups = parse_only(args.only)
         options = dict(tune=groups, budget_s=args.budget, report_dir=args.report_dir,
-                       cache=False if args.no_cache else (args.cache or True), stop_when_tuned=not args.full)
+                       cache=False if args.no_cache else (args.cache or True), stop_when_tuned=not args.full,
+                       cost_per_hour=args.cost_per_hour)
         PipeOptConfig(**options)  # every value checked before the script runs
     except ValueError as err:
-        parser.error(str(err).replace("PipeOpt(budget_s=", "--budget (").replace("PipeOpt(", "("))
+        parser.error(str(err).replace("PipeOpt(budget_s=", "--budget (")
+                     .replace("PipeOpt(cost_per_hour=", "--cost-per-hour (").replace("PipeOpt(", "("))
 
     console = Console()
     made: list[PipeOpt] = []

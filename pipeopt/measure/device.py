@@ -73,6 +73,20 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     return int(torch.cuda.max_memory_allocated(device))
 
 
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """Peak memory the CUDA caching allocator reserved since the last ``reset_peak_memory`` (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_reserved(device))
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of a CUDA device (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

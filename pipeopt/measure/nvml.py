@@ -1,4 +1,5 @@
-"""GPU utilisation, memory and power from NVML, sampled by a background thread.
+"""GPU utilisation, memory, power (and its limit), temperature, SM clock and clock event (throttle) reasons from
+NVML, sampled by a background thread.
 
 NVML comes from ``nvidia-ml-py`` (imported as ``pynvml``). Where it cannot work - no NVIDIA driver, the package
 missing, a CPU run - nothing is sampled and the report says why ("n/a (no NVIDIA driver)").
@@ -56,20 +57,81 @@ def device_handle(nvml: ModuleType, device: torch.device) -> Any:
     return nvml.nvmlDeviceGetHandleByIndex(index)
 
 
+#: NVML's clock event ("throttle") reason bits and what each means (nvml.h, ``nvmlClocksEventReason*``).
+CLOCK_EVENTS = {
+    0x1: "idle", 0x2: "application clocks", 0x4: "power cap", 0x8: "hardware slowdown", 0x10: "sync boost",
+    0x20: "software thermal", 0x40: "hardware thermal", 0x80: "power brake", 0x100: "display clocks",
+}
+
+
+def clock_events(mask: int | None) -> list[str]:
+    """The reasons set in an NVML clock event mask, in bit order."""
+    return [] if not mask else [name for bit, name in CLOCK_EVENTS.items() if mask & bit]
+
+
 @dataclass(frozen=True)
 class GpuSample:
     t: float
     util_pct: float
     mem_used_bytes: int
     power_w: float | None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    clock_events: int | None = None  # NVML's reason mask
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 @dataclass(frozen=True)
 class GpuSummary:
+    """A window's samples: means and 95th percentiles; memory used is the maximum; clock event reasons seen."""
+
     util_pct: float
+    util_p95_pct: float
     mem_used_bytes: int
     power_w: float | None
+    power_p95_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+    temp_p95_c: float | None
+    sm_clock_mhz: float | None
+    sm_clock_p95_mhz: float | None
+    throttle: str | None
     samples: int
+
+    @classmethod
+    def of(cls, samples: list[GpuSample]) -> GpuSummary:
+        def series(name: str) -> list[float]:
+            return [float(v) for v in (getattr(s, name) for s in samples) if v is not None]
+
+        util, power, temp, clock = series("util_pct"), series("power_w"), series("temp_c"), series("sm_clock_mhz")
+        masks = [s.clock_events for s in samples if s.clock_events is not None]
+        mask = 0
+        for m in masks:
+            mask |= m
+        return cls(util_pct=_mean(util) or 0.0, util_p95_pct=_p95(util),
+                   mem_used_bytes=max(s.mem_used_bytes for s in samples),
+                   power_w=_mean(power), power_p95_w=_p95(power) if power else None,
+                   power_limit_w=_mean(series("power_limit_w")), temp_c=_mean(temp),
+                   temp_p95_c=_p95(temp) if temp else None, sm_clock_mhz=_mean(clock),
+                   sm_clock_p95_mhz=_p95(clock) if clock else None,
+                   throttle=", ".join(clock_events(mask)) if masks else None, samples=len(samples))
+
+    def figures(self) -> dict[str, Any]:
+        """The ``ResourceFigures`` fields this summary fills."""
+        return {"gpu_util_pct": self.util_pct, "gpu_util_p95_pct": self.util_p95_pct,
+                "gpu_mem_used_bytes": self.mem_used_bytes, "gpu_power_w": self.power_w,
+                "gpu_power_p95_w": self.power_p95_w, "gpu_power_limit_w": self.power_limit_w,
+                "gpu_temp_c": self.temp_c, "gpu_temp_p95_c": self.temp_p95_c, "gpu_sm_clock_mhz": self.sm_clock_mhz,
+                "gpu_sm_clock_p95_mhz": self.sm_clock_p95_mhz, "gpu_throttle": self.throttle}
 
 
 class NvmlSampler:
@@ -93,19 +155,34 @@ class NvmlSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _optional(self, query: str, *args: Any) -> Any:
+        """A figure not every device or driver reports: None where NVML says so (or the binding lacks the call)."""
+        call = getattr(self._nvml, query, None)
+        if call is None:
+            return None
+        try:
+            return call(self._handle, *args)
+        except (self._nvml.NVMLError_NotSupported, self._nvml.NVMLError_NoPermission):
+            return None
+
     def sample_once(self) -> bool:
         nvml = self._nvml
         try:
             util = nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
             mem = nvml.nvmlDeviceGetMemoryInfo(self._handle).used
-            try:
-                power = nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
-            except nvml.NVMLError_NotSupported:
-                power = None
+            power = self._optional("nvmlDeviceGetPowerUsage")
+            limit = self._optional("nvmlDeviceGetEnforcedPowerLimit")
+            temp = self._optional("nvmlDeviceGetTemperature", getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
+            clock = self._optional("nvmlDeviceGetClockInfo", getattr(nvml, "NVML_CLOCK_SM", 1))
+            events = self._optional("nvmlDeviceGetCurrentClocksEventReasons" if hasattr(
+                nvml, "nvmlDeviceGetCurrentClocksEventReasons") else "nvmlDeviceGetCurrentClocksThrottleReasons")
         except nvml.NVMLError as err:
             self.status = f"n/a (NVML stopped answering: {err})"
             return False
-        self.samples.append(GpuSample(self._clock(), float(util), int(mem), power))
+        self.samples.append(GpuSample(
+            self._clock(), float(util), int(mem), None if power is None else power / 1000.0,
+            power_limit_w=None if limit is None else limit / 1000.0, temp_c=None if temp is None else float(temp),
+            sm_clock_mhz=None if clock is None else float(clock), clock_events=None if events is None else int(events)))
         return True
 
     def _run(self) -> None:
@@ -130,12 +207,4 @@ class NvmlSampler:
     def summary(self, t0: float, t1: float) -> GpuSummary | None:
         """Samples taken during [t0, t1] (and the one just before, so windows shorter than the interval get one)."""
         chosen = [s for s in list(self.samples) if t0 - self._interval <= s.t <= t1]
-        if not chosen:
-            return None
-        powers = [s.power_w for s in chosen if s.power_w is not None]
-        return GpuSummary(
-            util_pct=sum(s.util_pct for s in chosen) / len(chosen),
-            mem_used_bytes=max(s.mem_used_bytes for s in chosen),
-            power_w=sum(powers) / len(powers) if powers else None,
-            samples=len(chosen),
-        )
+        return GpuSummary.of(chosen) if chosen else None

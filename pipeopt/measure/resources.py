@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeopt.measure.cpu import CpuMeter, CpuSnapshot
-from pipeopt.measure.device import peak_memory_bytes, reset_peak_memory
+from pipeopt.measure.device import peak_memory_bytes, peak_reserved_bytes, reset_peak_memory
 from pipeopt.measure.nvml import NvmlSampler
 
 
@@ -21,10 +21,19 @@ class ResourceFigures:
     cpu_workers_pct: float | None = None  # its child processes (loader workers)
     workers: int | None = None  # live child processes at the end of the window
     peak_mem_bytes: int | None = None  # CUDA allocator peak during the window
-    gpu_util_pct: float | None = None
-    gpu_mem_used_bytes: int | None = None
+    gpu_util_pct: float | None = None  # NVML figures below: mean over the window unless named p95 or max
+    gpu_mem_used_bytes: int | None = None  # max
     gpu_power_w: float | None = None
     gpu_status: str = "n/a"
+    peak_reserved_bytes: int | None = None  # CUDA allocator reserve, peak during the window
+    gpu_util_p95_pct: float | None = None
+    gpu_power_p95_w: float | None = None
+    gpu_power_limit_w: float | None = None
+    gpu_temp_c: float | None = None
+    gpu_temp_p95_c: float | None = None
+    gpu_sm_clock_mhz: float | None = None
+    gpu_sm_clock_p95_mhz: float | None = None
+    gpu_throttle: str | None = None  # clock event reasons seen in the window, comma-separated ("" for none)
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,7 @@ class ResourceProbe:
             cpu_workers_pct=cpu[1] if cpu else None,
             workers=workers,
             peak_mem_bytes=peak_memory_bytes(self._device),
-            gpu_util_pct=gpu.util_pct if gpu else None,
-            gpu_mem_used_bytes=gpu.mem_used_bytes if gpu else None,
-            gpu_power_w=gpu.power_w if gpu else None,
+            peak_reserved_bytes=peak_reserved_bytes(self._device),
             gpu_status=self._gpu.status if self._gpu is not None else self._gpu_status,
+            **(gpu.figures() if gpu else {}),
         )

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeopt.measure.window import WindowStats
+from pipeopt.report.fit import FitAndCost
 from pipeopt.report.model import Report, Trial
 
 Row = tuple[str, Callable[[WindowStats], "float | None"], Callable[[float], str]]
@@ -101,6 +102,8 @@ def render(report: Report) -> Group:
         f"{env.cpu_count} CPUs, torch {env.torch}, pipeopt {env.pipeopt}"
     )
     parts.append(Panel(lines, expand=False))
+    if report.fit is not None:
+        parts.append(fit_section(report, report.fit))
     return Group(*parts)
 
 
@@ -149,3 +152,98 @@ def settings_text(settings: dict[str, object]) -> str:
     parts += [f"{k}={v}" for k, v in settings.items()
               if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory") and v is not None]
     return ", ".join(parts)
+
+
+def size_text(n: float | None) -> str:
+    """Bytes in binary units: "512 B", "8.0 KiB", "12.3 MiB", "1.20 GiB"."""
+    if n is None:
+        return "n/a"
+    for unit, scale, digits in (("GiB", 1024**3, 2), ("MiB", 1024**2, 1), ("KiB", 1024, 1)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{n:.0f} B"
+
+
+def memory_lines(fit: FitAndCost) -> list[str]:
+    """The memory breakdown in words, one line per fact."""
+    m = fit.memory
+    if m is None:
+        return [f"Memory: not counted ({fit.memory_note or 'no training step reached backward'})"]
+    parts = [f"parameters {size_text(m.params_bytes)}", f"gradients {size_text(m.grads_bytes)}",
+             f"optimizer state {size_text(m.optimizer_bytes)}",
+             f"activations {size_text(m.activations_bytes)} ({size_text(m.per_sample_bytes)} a sample with its input)",
+             f"batch {size_text(m.batch_bytes)}", f"total counted {size_text(m.counted_bytes)}"]
+    lines = [f"Memory of one rank (counted on the run, micro-batch {m.micro_batch}, {m.precision}): "
+             + ", ".join(parts)]
+    if fit.peak_bytes is not None:
+        lines.append(f"CUDA allocator: peak {size_text(fit.peak_bytes)}, reserved {size_text(fit.reserved_bytes)} "
+                     f"of {size_text(fit.device_memory_bytes)} (budget {size_text(fit.budget_bytes)})")
+    if m.hook_packed:
+        lines.append(f"{m.hook_packed} saved tensor(s) packed by the program's own saved-tensor hooks (activation "
+                     "checkpointing, offloading) are held by those hooks and not counted")
+    if fit.memory_note:
+        lines.append(f"Memory note: {fit.memory_note}")
+    return lines
+
+
+def health_line(window: WindowStats | None, status: str) -> str:
+    """The accelerator's health over a window (NVML), or why it is not known."""
+    r = window.resources if window is not None else None
+    if r is None or r.gpu_util_pct is None:
+        return f"Accelerator health: {status}"
+
+    def pair(mean: float | None, p95: float | None, unit: str) -> str:
+        return "n/a" if mean is None else f"{mean:.0f}{unit} (p95 {p95:.0f}{unit})" if p95 is not None else \
+            f"{mean:.0f}{unit}"
+
+    limit = f" of a {r.gpu_power_limit_w:.0f} W limit" if r.gpu_power_limit_w else ""
+    return (f"Accelerator health ({window.label if window else ''} window): utilisation "
+            f"{pair(r.gpu_util_pct, r.gpu_util_p95_pct, ' %')}, power {pair(r.gpu_power_w, r.gpu_power_p95_w, ' W')}"
+            f"{limit}, temperature {pair(r.gpu_temp_c, r.gpu_temp_p95_c, ' C')}, SM clock "
+            f"{pair(r.gpu_sm_clock_mhz, r.gpu_sm_clock_p95_mhz, ' MHz')}, clock events: "
+            f"{r.gpu_throttle or 'none' if r.gpu_throttle is not None else 'n/a'}")
+
+
+def time_lines(fit: FitAndCost) -> list[str]:
+    t = fit.time
+
+    def span(before: float | None, after: float | None, fmt: str, unit: str = "") -> str:
+        pairs = ((before, "before"), (after, "after"))
+        shown = [f"{format(v, fmt)}{unit} {when}" for v, when in pairs if v is not None]
+        return " -> ".join(shown) or "n/a"
+
+    lines = [f"Time per epoch ({t.steps_per_epoch} optimizer steps, at the before and after windows' measured pace): "
+             f"{span(t.epoch_s_before, t.epoch_s_after, ',.1f', ' s')}" if t.steps_per_epoch else
+             "Time per epoch: n/a (the epoch's length is not known)"]
+    if t.planned_steps:
+        whole_fit = span(t.fit_s_before, t.fit_s_after, ",.1f", " s")
+        lines.append(f"Whole fit ({t.planned_steps} optimizer steps): {whole_fit}")
+    if t.epochs_measured_s:
+        shown = ", ".join(f"{s:,.1f}" for s in t.epochs_measured_s[:8])
+        lines.append(f"Epochs run to their end, wall time: {shown}{' ...' if len(t.epochs_measured_s) > 8 else ''} s")
+    if t.cost_per_hour is not None:
+        per_epoch = span(t.epoch_cost_before, t.epoch_cost_after, ",.4g")
+        whole = (f"; whole fit {span(t.fit_cost_before, t.fit_cost_after, ',.4g')}, saving {t.fit_saving:,.4g}"
+                 if t.fit_saving is not None else "")
+        lines.append(f"Cost at {t.cost_per_hour:g} an hour: per epoch {per_epoch}{whole}")
+    return lines
+
+
+def fit_section(report: Report, fit: FitAndCost) -> Panel:
+    """The "Fit and cost" panel (``report.fit``): memory, what limits the run, accelerator health, which cards it
+    fits, time, cost."""
+    lines = memory_lines(fit)
+    if fit.limit is not None:
+        lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
+    lines.append(health_line(report.after or report.before, report.environment.gpu_monitoring))
+    lines += time_lines(fit)
+    parts: list[RenderableType] = [Text("\n".join(lines))]
+    if fit.fits_on:
+        table = Table(title="fits on (predicted from the counted memory; micro-batch x accumulation where it must "
+                            "change)", title_justify="left")
+        for column in ("memory", "for example", "+20 % buffer", "+40 % buffer"):
+            table.add_column(column, justify="left" if column == "for example" else "right")
+        for row in fit.fits_on:
+            table.add_row(f"{row.memory_gib:g} GiB", row.examples, *(f.text() for f in row.fits))
+        parts.append(table)
+    return Panel(Group(*parts), title="Fit and cost", title_align="left", expand=False)

@@ -8,10 +8,13 @@ from pathlib import Path
 
 from pipeopt.files import write_atomic
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.console import ROWS, settings_text, trial_cells
+from pipeopt.report.console import ROWS, health_line, memory_lines, settings_text, size_text, time_lines, trial_cells
+from pipeopt.report.fit import FitAndCost
 from pipeopt.report.model import Report
 
 COLOURS = {"wait": "#d9534f", "transfer": "#f0ad4e", "compute": "#5cb85c", "other": "#bbbbbb"}
+MEMORY_COLOURS = {"parameters": "#4e79a7", "gradients": "#f28e2b", "optimizer state": "#76b7b2",
+                  "activations": "#e15759", "batch": "#59a14f", "allocator other": "#bab0ac"}
 SERIES = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b")
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1040px;color:#222}
@@ -47,6 +50,8 @@ def render_html(report: Report) -> str:
     if report.trials:
         parts += ["<h2>Trials on the live run</h2>", _trials_chart(report), _trials_table(report)]
     parts += ["<h2>Over the run</h2>", _timeline(report)]
+    if report.fit is not None:
+        parts += ["<h2>Fit and cost</h2>", _fit_section(report, report.fit)]
     extra = [f"Skipped {s.group}: {s.reason}" for s in report.skipped] + list(report.notes)
     if extra:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in extra) + "</ul>")
@@ -197,3 +202,59 @@ def _line_chart(title: str, windows: Sequence[WindowStats], series: list, y_max:
         legend.append(f"<span><i class='sw' style='background:{colour}'></i>{_e(name)}</span>")
     svg.append("</svg>")
     return "".join(svg) + f"<div class='legend'>{''.join(legend)}</div>"
+
+
+def _fit_section(report: Report, fit: FitAndCost) -> str:
+    lines = memory_lines(fit)
+    if fit.limit is not None:
+        lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
+    parts = ["<ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>", _memory_bar(fit)]
+    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in time_lines(fit)) + "</ul>")
+    if fit.fits_on:
+        rows = ["<table><tr><th>memory</th><th>for example</th><th>+20 % buffer</th><th>+40 % buffer</th></tr>"]
+        rows += [f"<tr><td>{row.memory_gib:g} GiB</td><td>{_e(row.examples)}</td>"
+                 + "".join(f"<td>{_e(f.text())}</td>" for f in row.fits) + "</tr>" for row in fit.fits_on]
+        parts.append("<p>Fits on (predicted from the counted memory; micro-batch x accumulation where it must "
+                     "change):</p>" + "".join(rows) + "</table>")
+    parts.append(f"<p>{_e(health_line(report.after or report.before, report.environment.gpu_monitoring))}</p>")
+    if any(w.resources.gpu_util_pct is not None for w in report.timeline):
+        parts.append(_line_chart("accelerator health", report.timeline, [
+            ("utilisation (%)", lambda w: w.resources.gpu_util_pct),
+            ("power (% of limit)", lambda w: _share(w.resources.gpu_power_w, w.resources.gpu_power_limit_w)),
+            ("temperature (C)", lambda w: w.resources.gpu_temp_c),
+            ("SM clock (% of the run's highest)", _clock_share(report.timeline)),
+        ]))
+    return "".join(parts)
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else 100 * part / whole
+
+
+def _clock_share(windows: Sequence[WindowStats]) -> object:
+    top = max((w.resources.gpu_sm_clock_mhz or 0.0 for w in windows), default=0.0)
+    return lambda w: _share(w.resources.gpu_sm_clock_mhz, top)
+
+
+def _memory_bar(fit: FitAndCost) -> str:
+    m = fit.memory
+    if m is None:
+        return ""
+    parts = [("parameters", m.params_bytes), ("gradients", m.grads_bytes), ("optimizer state", m.optimizer_bytes),
+             ("activations", m.activations_bytes), ("batch", m.batch_bytes)]
+    if fit.peak_bytes is not None and fit.peak_bytes > m.counted_bytes:
+        parts.append(("allocator other", fit.peak_bytes - m.counted_bytes))
+    total = sum(v or 0 for _, v in parts) or 1
+    width, left, bar = 900, 10, 26
+    svg = [f"<svg width='{width}' height='{bar + 30}' role='img' aria-label='memory breakdown'>"]
+    x = float(left)
+    for name, value in parts:
+        span = (value or 0) / total * (width - 2 * left)
+        if span > 0:
+            svg.append(f"<rect x='{x:.1f}' y='4' width='{span:.1f}' height='{bar}' fill='{MEMORY_COLOURS[name]}'>"
+                       f"<title>{name}: {size_text(value)}</title></rect>")
+            x += span
+    svg.append(f"<text x='{left}' y='{bar + 24}'>{size_text(total)} in all</text></svg>")
+    legend = "".join(f"<span><i class='sw' style='background:{MEMORY_COLOURS[k]}'></i>{_e(k)} {size_text(v)}</span>"
+                     for k, v in parts)
+    return "".join(svg) + f"<div class='legend'>{legend}</div>"

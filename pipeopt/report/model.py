@@ -7,12 +7,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeopt.measure.window import WindowStats
+from pipeopt.report.fit import FitAndCost
 from pipeopt.tuning.findings import Change
 from pipeopt.verdict import Verdict
 
-SCHEMA_VERSION = 2
-#: Older versions ``from_dict`` still reads.
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+#: Older versions ``from_dict`` still reads (they have no "fit" section).
+READABLE_VERSIONS = (1, 2, 3)
 MAX_TIMELINE = 512
 
 
@@ -82,6 +83,7 @@ class Report:
     predicted_speedup: float | None = None  # a tuner's prediction for the change it kept (from its trial); else None
     timeline: list[WindowStats] = field(default_factory=list)
     steps_measured: int = 0
+    fit: FitAndCost | None = None  # memory breakdown, the cards it fits, what limits it, time and cost
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -106,6 +108,7 @@ class Report:
             "suggestions": list(self.suggestions),
             "steps_measured": self.steps_measured,
             "timeline": [w.to_dict() for w in thin(self.timeline)],
+            "fit": self.fit.to_dict() if self.fit else None,
         }
 
     @classmethod
@@ -139,5 +142,6 @@ class Report:
             predicted_speedup=data["predicted_speedup"],
             timeline=[WindowStats.from_dict(w) for w in data["timeline"]],
             steps_measured=data["steps_measured"],
+            fit=FitAndCost.from_dict(data["fit"]) if data.get("fit") else None,
             created=data["created"],
         )

@@ -50,6 +50,7 @@ def test_unreadable_script(tmp_path, capsys, monkeypatch):
         (["tune", "x.py", "--only", "loader,turbo"], "unknown group(s) turbo"),
         (["tune", "x.py", "--budget", "-3"], "--budget (-3.0)` is not valid. Expected a number of seconds > 0"),
         (["tune", "x.py", "--budget", "soon"], "invalid float value: 'soon'"),
+        (["tune", "x.py", "--cost-per-hour", "-1"], "--cost-per-hour (-1.0)` is not valid. Expected the price of one"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
 )
@@ -133,12 +134,13 @@ def test_tune_stops_after_tuning_writes_reports_and_cache_then_hits_the_cache(tm
     cache = tmp_path / "tuned.json"
     reports = tmp_path / "reports"
     args = ("tune", EXAMPLE, "--only", "loader", "--budget", "20", "--report-dir", reports, "--cache", cache,
-            "--", "--steps", "20000", "--samples", "200000")
+            "--cost-per-hour", "3.5", "--", "--steps", "20000", "--samples", "200000")
     status, out = cli(*args)
     assert status == 0, out
     (first,) = sorted(reports.glob("*.json"))
     report = json.loads(first.read_text())
     assert report["trials"] and report["steps_measured"] < 20000  # stopped once tuning was verified
+    assert report["fit"]["time"]["cost_per_hour"] == 3.5 and "Fit and cost" in out
     assert first.with_suffix(".html").exists()
     stored = json.loads(cache.read_text())
     assert len(stored["entries"]) == 1

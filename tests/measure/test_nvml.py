@@ -13,13 +13,17 @@ from tests.measure.fakes import FakeClock
 def fake_nvml(init_error=None):
     fake = MagicMock(spec=pynvml)
     for name in ("NVMLError", "NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NotSupported",
-                 "NVMLError_GpuIsLost"):
+                 "NVMLError_NoPermission", "NVMLError_GpuIsLost"):
         setattr(fake, name, getattr(pynvml, name))
     if init_error is not None:
         fake.nvmlInit.side_effect = init_error
     fake.nvmlDeviceGetUtilizationRates.return_value = SimpleNamespace(gpu=87, memory=40)
     fake.nvmlDeviceGetMemoryInfo.return_value = SimpleNamespace(used=3 * 2**30, total=80 * 2**30, free=77 * 2**30)
     fake.nvmlDeviceGetPowerUsage.return_value = 250_000  # milliwatts
+    fake.nvmlDeviceGetEnforcedPowerLimit.return_value = 700_000
+    fake.nvmlDeviceGetTemperature.return_value = 60
+    fake.nvmlDeviceGetClockInfo.return_value = 1980
+    fake.nvmlDeviceGetCurrentClocksEventReasons.return_value = 0
     return fake
 
 
@@ -59,6 +63,37 @@ def test_sampled_figures_over_a_window():
     assert summary.mem_used_bytes == 5 * 2**30
     assert summary.power_w == pytest.approx(250.0)
     assert sampler.summary(10.0, 11.0) is None
+
+
+def test_health_over_a_window_mean_p95_and_clock_events():
+    fake = fake_nvml()
+    clock = FakeClock(0.0)
+    sampler = NvmlSampler(fake, handle="gpu0", interval_s=0.1, clock=clock)
+    temps = [60, 61, 62, 63, 64, 65, 66, 67, 68, 90]
+    for i, temp in enumerate(temps):
+        clock.advance(0.1)
+        fake.nvmlDeviceGetTemperature.return_value = temp
+        fake.nvmlDeviceGetClockInfo.return_value = 1980 if i < 5 else 1500
+        fake.nvmlDeviceGetCurrentClocksEventReasons.return_value = 0x4 | 0x40 if temp == 90 else 0
+        assert sampler.sample_once()
+    s = sampler.summary(0.1, 1.0)
+    assert s.temp_c == pytest.approx(sum(temps) / 10) and s.temp_p95_c == 90
+    assert s.sm_clock_mhz == pytest.approx(1740.0) and s.sm_clock_p95_mhz == 1980
+    assert s.power_limit_w == pytest.approx(700.0)
+    assert s.throttle == "power cap, hardware thermal"
+    figures = s.figures()
+    assert figures["gpu_temp_p95_c"] == 90 and figures["gpu_throttle"] == "power cap, hardware thermal"
+
+
+def test_figures_a_device_does_not_report_are_none_not_zero():
+    fake = fake_nvml()
+    fake.nvmlDeviceGetTemperature.side_effect = pynvml.NVMLError_NotSupported()
+    fake.nvmlDeviceGetEnforcedPowerLimit.side_effect = pynvml.NVMLError_NoPermission()
+    sampler = NvmlSampler(fake, handle="gpu0", clock=FakeClock(1.0))
+    assert sampler.sample_once()
+    s = sampler.summary(0.0, 2.0)
+    assert s.temp_c is None and s.temp_p95_c is None and s.power_limit_w is None
+    assert s.util_pct == 87 and s.throttle == ""  # sampled, no clock event
 
 
 def test_driver_lost_mid_run_stops_sampling_and_says_why():

@@ -61,3 +61,16 @@ def test_trial_settings_read_as_a_user_would_say_them():
     user = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
     assert settings_text(user.as_kwargs()) == "main process"
     assert settings_text(LoaderSettings.dali_on("mixed").as_kwargs()) == "DALI (mixed decoding)"
+
+
+def test_fit_and_cost_section():
+    text = rendered(full_report())
+    assert "Fit and cost" in text
+    flat = " ".join(text.replace("│", " ").split())
+    for words in ("parameters 400.0 MiB, gradients 400.0 MiB, optimizer state 800.0 MiB, activations 2.00 GiB",
+                  "Limit: compute-bound", "Accelerator health: n/a (no NVIDIA driver)",
+                  "Time per epoch (500 optimizer steps, at the before and after windows' measured pace): 50.0 s before "
+                  "-> 25.0 s after", "Whole fit (5000 optimizer steps): 500.0 s before -> 250.0 s after",
+                  "Epochs run to their end, wall time: 61.0, 48.5 s",
+                  "whole fit 0.5556 before -> 0.2778 after, saving 0.2778", "16 GiB T4, V100 16GB fits fits"):
+        assert words in flat, words

@@ -3,6 +3,9 @@ import json
 import jsonschema
 import pytest
 
+from pipeopt.measure.memory import MemoryBreakdown
+from pipeopt.measure.resources import ResourceFigures
+from pipeopt.report.fit import fit_and_cost, time_and_cost
 from pipeopt.report.json_io import SCHEMA_PATH, read_report, write_report
 from pipeopt.report.model import Change, Environment, Report, Skipped, Trial, thin
 from pipeopt.verdict import judge
@@ -14,9 +17,27 @@ ENV = Environment(
 )
 
 
+HEALTH = ResourceFigures(cpu_main_pct=98.0, peak_mem_bytes=6 * 2**30, peak_reserved_bytes=7 * 2**30,
+                         gpu_util_pct=91.0, gpu_util_p95_pct=99.0, gpu_mem_used_bytes=7 * 2**30, gpu_power_w=410.0,
+                         gpu_power_p95_w=470.0, gpu_power_limit_w=700.0, gpu_temp_c=61.0, gpu_temp_p95_c=64.0,
+                         gpu_sm_clock_mhz=1980.0, gpu_sm_clock_p95_mhz=1980.0, gpu_throttle="power cap",
+                         gpu_status="sampled")
+
+
+def fit_section(before, after):
+    memory = MemoryBreakdown(params_bytes=400 * 2**20, grads_bytes=400 * 2**20, optimizer_bytes=800 * 2**20,
+                             activations_bytes=2 * 2**30, activations_fp32_bytes=2 * 2**30, batch_bytes=50 * 2**20,
+                             micro_batch=32, precision="32-true", saved_tensors=120)
+    time = time_and_cost(before, after, steps_per_epoch=500, planned_steps=5000, epochs_measured_s=[61.0, 48.5],
+                         cost_per_hour=4.0)
+    return fit_and_cost(windows=[before, after], before=before, after=after, memory=memory, memory_note=None,
+                        accumulate=2, device_memory_bytes=None, memory_fraction=0.9, shrunk=False, time=time)
+
+
 def full_report():
     before = make_window()
-    after = make_window(index=3, first_step=35, samples_per_s=640.0, steps_per_s=20.0, data_wait_frac=0.02)
+    after = make_window(index=3, first_step=35, samples_per_s=640.0, steps_per_s=20.0, data_wait_frac=0.02,
+                        step_time_s=0.05)
     return Report(
         mode="tune", environment=ENV, before=before, after=after, verdict=judge(before),
         changes=[Change("num_workers", 0, 2, "fastest within noise")],
@@ -24,7 +45,7 @@ def full_report():
                 Trial({"num_workers": 8}, None, None, "failed", "worker crashed")],
         skipped=[Skipped("dali", "DALI is not installed")], notes=["a note"], timeline=[before, after],
         steps_measured=45,
-        suggestions=["DataLoader(..., num_workers=2)"], predicted_speedup=1.9,
+        suggestions=["DataLoader(..., num_workers=2)"], predicted_speedup=1.9, fit=fit_section(before, after),
     )
 
 
@@ -35,6 +56,7 @@ def test_written_report_matches_the_schema_and_reads_back(tmp_path):
     jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
     assert data["measured_speedup"] == pytest.approx(2.0)
     assert data["predicted_speedup"] == pytest.approx(1.9)  # the change's own prediction, beside the measurement
+    assert data["fit"]["memory"]["params_bytes"] == 400 * 2**20 and data["fit"]["time"]["fit_saving"] > 0
     assert read_report(path) == report
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
 
@@ -57,6 +79,19 @@ def test_a_version_1_report_reads_with_its_one_predicted_speedup_split_in_two(tm
     report = read_report(path)
     assert report.predicted_speedup is None
     assert report.verdict.input_free_speedup == pytest.approx(data["verdict"]["predicted_speedup"])
+
+
+def test_a_version_2_report_reads_without_a_fit_section(tmp_path):
+    data = full_report().to_dict()
+    data["schema_version"] = 2
+    del data["fit"]
+    for window in [data["before"], data["after"], *data["timeline"]]:
+        for key in ("peak_reserved_bytes", "gpu_temp_c", "gpu_throttle"):
+            del window["resources"][key]
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(data))
+    report = read_report(path)
+    assert report.fit is None and report.after.resources.gpu_temp_c is None
 
 
 def test_a_foreign_schema_version_is_refused(tmp_path):

@@ -3,15 +3,17 @@ from pipeopt.measure.resources import ResourceFigures
 from pipeopt.report.model import Report
 from pipeopt.verdict import judge
 from tests.helpers import make_window
-from tests.report.test_json import ENV
+from tests.report.test_json import ENV, HEALTH, fit_section
 
 
 def test_every_emitted_key_is_documented():
     full = make_window(resources=ResourceFigures(1.0, 2.0, 1, 10, 3.0, 20, 4.0, "sampled"))
     keys = set(metrics.window_metrics(full))
+    keys |= set(metrics.window_metrics(make_window(resources=HEALTH)))
     w = make_window()
-    keys |= set(metrics.summary_metrics(Report(mode="observe", environment=ENV, before=w, after=w, verdict=judge(w))))
-    assert len(keys) == 14
+    keys |= set(metrics.summary_metrics(Report(mode="observe", environment=ENV, before=w, after=w, verdict=judge(w),
+                                               fit=fit_section(w, w))))
+    assert len(keys) == 28
     for key in keys:
         assert f"``{key}``" in metrics.__doc__
 
