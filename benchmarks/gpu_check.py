@@ -4,7 +4,9 @@
 
 Writes ``gpu-foundation.json`` (CUDA timing correctness, NVML sampling, observation overhead) and
 ``gpu-precision-batch.json`` (the precision pipeopt chooses for a transformer and its measured speedup over fp32; a
-batch over the memory budget trained as accumulated micro-batches, with its peak memory) and ``gpu-dali.json`` (DALI
+batch over the memory budget trained as accumulated micro-batches, with its peak memory), ``gpu-fit-and-cost.json``
+(the memory breakdown of a transformer against ``torch.cuda.max_memory_allocated``, NVML health per window) and
+``gpu-dali.json`` (DALI
 ``mixed`` decoding against the best DataLoader setting on the CPU-decode ImageFolder; needs torchvision and DALI,
 else it records why it was skipped) into ``--out``. On a machine without CUDA it says so and exits 0 without
 writing anything, so it is safe to run anywhere.
@@ -228,6 +230,30 @@ def check_precision_and_batch() -> dict[str, Any]:
     }
 
 
+def check_fit_and_cost(steps: int = 60) -> dict[str, Any]:
+    """The memory breakdown pipeopt counts for a transformer trained with AdamW, against CUDA's own peak over the
+    same fit (target: within 10 %), and the NVML health figures of its windows."""
+    cb = PipeOpt(tune=(), window=10, warmup=3, window_s=0, report_dir=None, cache=False, cost_per_hour=1.0,
+                 console=Console(file=io.StringIO()))
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    pl.seed_everything(0, verbose=False)
+    fit(TinyTransformer(), DataLoader(_tokens(4096), batch_size=128, pin_memory=True), steps, [cb])
+    peak = torch.cuda.max_memory_allocated()
+    section = cb.report.fit if cb.report is not None else None
+    memory = section.memory if section is not None else None
+    counted = memory.counted_bytes if memory is not None else None
+    health = [{k: v for k, v in vars(w.resources).items() if k.startswith("gpu_") or k.startswith("peak_")}
+              for w in cb.windows]
+    return {"model": "TinyTransformer(width=512, layers=4), AdamW, batch 128 x 128 tokens, fp32",
+            "breakdown": memory.to_dict() if memory is not None else None, "counted_bytes": counted,
+            "cuda_max_memory_allocated": peak, "counted_over_cuda_peak": counted / peak if counted else None,
+            "within_10_percent": bool(counted) and abs(counted / peak - 1) <= 0.10,
+            "limit": section.limit if section else None,
+            "fits_on": [[r.memory_gib, [f.text() for f in r.fits]] for r in section.fits_on] if section else None,
+            "time": vars(section.time) if section else None, "window_health": health}
+
+
 def check_dali(repeats: int = 2, steps: int = 40) -> dict[str, Any]:
     """DALI ``mixed`` decoding (nvJPEG) against DataLoader workers on the CPU-decode ImageFolder, images/s."""
     try:
@@ -272,6 +298,7 @@ def main() -> int:
                                         "timing": check_timing(), "input_bound": check_input_bound(),
                                         "overhead": check_overhead()},
         "gpu-precision-batch.json": check_precision_and_batch,
+        "gpu-fit-and-cost.json": check_fit_and_cost,
         "gpu-dali.json": check_dali,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1200, help="optimizer steps to train (default 1200)")
     parser.add_argument("--delay-ms", type=float, default=4.0, help="storage latency per sample (default 4 ms)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--cost-per-hour", type=float, default=None,
+                        help="price of an hour of this machine (any currency): the report adds the cost of an epoch "
+                             "and of the fit before and after tuning")
     args = parser.parse_args()
 
     pl.seed_everything(0, verbose=False)
@@ -66,7 +69,7 @@ def main() -> None:
         accelerator="auto",
         devices=1,
         max_steps=args.steps,
-        callbacks=[PipeOpt(window=20, warmup=5)],
+        callbacks=[PipeOpt(window=20, warmup=5, cost_per_hour=args.cost_per_hour)],
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -91,6 +91,11 @@ class Report:
         return _speedup(self.before, self.after)
 
     def to_dict(self) -> dict[str, Any]:
+        timeline = thin(self.timeline)
+        fit = self.fit.to_dict() if self.fit else None
+        if fit is not None:  # the limits of the windows the timeline keeps
+            kept = {w.index for w in timeline}
+            fit["window_limits"] = [pair for pair in fit["window_limits"] if pair[0] in kept]
         return {
             "schema_version": SCHEMA_VERSION,
             "created": self.created,
@@ -107,8 +112,8 @@ class Report:
             "notes": list(self.notes),
             "suggestions": list(self.suggestions),
             "steps_measured": self.steps_measured,
-            "timeline": [w.to_dict() for w in thin(self.timeline)],
-            "fit": self.fit.to_dict() if self.fit else None,
+            "timeline": [w.to_dict() for w in timeline],
+            "fit": fit,
         }
 
     @classmethod

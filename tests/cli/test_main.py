@@ -176,6 +176,7 @@ def test_report_rerenders_a_saved_report(tmp_path):
     status, out = cli("report", path, "--html", tmp_path / "page.html")
     assert status == 0, out
     assert "pipeopt: before / after" in out and (tmp_path / "page.html").exists()
+    assert "Fit and cost" in out and "Fit and cost" in (tmp_path / "page.html").read_text()
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     status, out = cli("report", bad)
