@@ -70,7 +70,7 @@ def summary_metrics(report: Report) -> dict[str, float]:
         "pipeopt/input_free_speedup": report.verdict.input_free_speedup if report.verdict else None,
         "pipeopt/predicted_speedup": report.predicted_speedup,
         "pipeopt/measured_speedup": report.measured_speedup,
-        **_fit_metrics(report),
+        **(_fit_metrics(report) if report.before is not None else {}),  # a fit with no window logs nothing
     }
     return {k: float(v) for k, v in candidates.items() if v is not None}
 

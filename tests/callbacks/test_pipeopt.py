@@ -231,9 +231,10 @@ def test_the_users_loggers_get_the_plain_runs_calls_plus_pipeopt_metrics_at_thei
     for call in ours:  # never empty, only pipeopt's keys, at a step the run logged anyway
         assert _metrics(call) and all(k.startswith("pipeopt/") for k in _metrics(call))
         assert _step(call) in {_step(c) for c in plain}
-    windowed = [c for c in ours if "pipeopt/samples_per_s" in _metrics(c)]
-    assert (len(windowed) > 0) == (window == 3)  # 12 steps hold windows of 3, not of 50: then no window figure,
-    assert any("pipeopt/memory/params_mb" in _metrics(c) for c in ours)  # only what was counted without a window
+    assert (len(ours) > 0) == (window == 3)  # 12 steps hold windows of 3, not of 50: then nothing at all (not
+    # even the memory breakdown, which the report still has: loggers get pipeopt rows only for a measured fit)
+    if window == 3:
+        assert any("pipeopt/memory/params_mb" in _metrics(c) for c in ours)
 
 
 def test_a_fit_too_short_to_pay_back_tuning_is_observed_only_with_one_warning():
