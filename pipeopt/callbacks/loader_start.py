@@ -67,7 +67,7 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     windows = TrialWindows(meter.reset, config.window, config.window_s, _epoch_steps(trainer))
     session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, windows=windows, clock=clock,
                             say=say if trainer.is_global_zero else (lambda line: None),
-                            worker_memory=worker_private_memory, agree=agree)
+                            worker_memory=worker_private_memory, agree=agree, steps_left=_steps_left(trainer))
     start = LoaderStart(session, switcher)
 
     def usable(settings: LoaderSettings | None) -> bool:  # DALI settings only where DALI may be tried now
@@ -90,6 +90,12 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
             if usable(cached):
                 session.verify_cached(cached, float(entry["samples_per_s"]))
     return start
+
+
+def _steps_left(trainer: Any) -> Callable[[], int | None]:
+    """Optimizer steps the fit has left, read when asked (None: unbounded)."""
+    planned = _lightning.planned_steps(trainer)
+    return lambda: None if planned is None else planned - trainer.global_step
 
 
 def _more_epochs_ahead(trainer: Any) -> bool:

@@ -98,14 +98,22 @@ class TrialWindows:
         if settings is None:
             self.reset_meter(label, skip, 0, 5)
             return
+        length, blocks = self._shape(settings)
+        self.reset_meter(label, skip, length, blocks)
+
+    def trial_steps(self, applied: LoaderSettings, candidate: LoaderSettings) -> int:
+        """Optimizer steps a trial of ``candidate`` and its after-window take, ``applied`` being in place: both
+        loaders' in-flight batches skipped, two windows shaped for it."""
+        return applied.in_flight + candidate.in_flight + 2 * self._shape(candidate)[0]
+
+    def _shape(self, settings: LoaderSettings) -> tuple[int, int]:
         paced = int(self.min_window_s / self.last_step_s) if self.last_step_s else 0
         length = max(self.window, settings.in_flight, paced)
         epoch = self.epoch_steps
         if epoch and epoch <= length:
             epochs = max(2, -(-length // epoch))
-            self.reset_meter(label, skip, epochs * epoch, epochs)
-        else:
-            self.reset_meter(label, skip, length, 5)
+            return epochs * epoch, epochs
+        return length, 5
 
 
 @dataclass
@@ -153,8 +161,10 @@ class LoaderSession:
     def __init__(self, switcher: Switcher, *, budget: Budget, budget_s: float, windows: TrialWindows,
                  clock: Callable[[], float], say: Callable[[str], None] = lambda line: None,
                  worker_memory: Callable[[], int | None] = lambda: None, agree: ReduceMax = lambda values: values,
-                 floor: float = DEFAULT_FLOOR, min_trial_timeout_s: float = 10.0) -> None:
+                 floor: float = DEFAULT_FLOOR, min_trial_timeout_s: float = 10.0,
+                 steps_left: Callable[[], int | None] = lambda: None) -> None:
         self._switcher, self._budget, self._budget_s, self._windows = switcher, budget, budget_s, windows
+        self._steps_left = steps_left  # optimizer steps the fit has left (None: unbounded)
         self._clock, self._say, self._worker_memory, self._agree = clock, say, worker_memory, agree
         self._floor, self._min_timeout = floor, min_trial_timeout_s
         self.state = Phase.BEFORE
@@ -218,11 +228,7 @@ class LoaderSession:
                       f"continuing with {self._switcher.fallback.describe()}")
         else:
             search.record(_trial_of(self._trial, agreed))
-            pooled = search.trials[-1]
-            again = f" (pooled over {pooled.repeats} windows)" if pooled.repeats > 1 else ""
-            self._say(f"trial {len(search.trials) - 1}: {pooled.settings.describe()} -> "
-                      f"{measured(pooled.rate).value:,.1f} samples/s{again}, data wait {pooled.data_wait_frac:.0%} "
-                      f"[{self._elapsed():.1f} of {self._budget_s:g} s budget]")
+            self._say(f"{_trial_line(search)} [{self._elapsed():.1f} of {self._budget_s:g} s budget]")
         if agreed.over_budget:
             self.notes.append(f"the tuning budget ({self._budget_s:g} s) ran out; chose among the trials so far")
             self._choose()
@@ -234,6 +240,10 @@ class LoaderSession:
         if search is None:
             return
         candidate = search.propose()
+        crowded = None if candidate is None else _no_room(candidate, self._applied, self._windows, self._steps_left())
+        if crowded:  # a trial the fit cannot finish measures nothing: choose now
+            self.notes.append(crowded)
+            candidate = None
         if candidate is not None:
             if candidate == self._trial:  # a repeat: keep the loader, measure another window
                 self._windows.measure(f"trial (repeat): {candidate.describe()}", 0, candidate)
@@ -248,8 +258,7 @@ class LoaderSession:
         search = self.search
         if search is None:
             return
-        if search.stop_reason:
-            self.notes.append(f"loader search stopped: {search.stop_reason}")
+        self.notes.extend(search.summary())
         self.chosen = search.choice()
         user = self._switcher.user_settings
         if self.chosen.settings == user:
@@ -393,6 +402,24 @@ class LoaderSession:
     def kept(self) -> LoaderSettings | None:
         """The settings tuning kept (None: the user's), once it is done."""
         return self.chosen.settings if self.state is Phase.DONE and self.changes and self.chosen else None
+
+
+def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialWindows, left: int | None) -> str | None:
+    """Why the fit has no room for a trial of ``candidate`` and an after-window (None: it has, or is unbounded)."""
+    need = windows.trial_steps(applied, candidate)
+    if left is None or left >= need:
+        return None
+    return (f"the fit has {left} optimizer steps left: too few for another trial ({candidate.describe()}) and an "
+            f"after-window ({need}); chose among the trials so far")
+
+
+def _trial_line(search: LoaderSearch) -> str:
+    """The last trial in one line: its settings, the rate it measured (and the model's prediction), its wait."""
+    trial = search.trials[-1]
+    again = f" (pooled over {trial.repeats} windows)" if trial.repeats > 1 else ""
+    predicted = f" (predicted {trial.predicted:,.1f})" if trial.predicted is not None else ""
+    return (f"trial {len(search.trials) - 1}: {trial.settings.describe()} -> {measured(trial.rate).value:,.1f} "
+            f"samples/s{again}{predicted}, data wait {trial.data_wait_frac:.0%}")
 
 
 def _trial_of(settings: LoaderSettings, agreed: Agreed) -> Trial:

@@ -30,11 +30,11 @@ def fit(callbacks, dataset, *, epochs=2, batch_size=8, seed=3, model_kwargs=None
 
 
 class CrashingWorkers(SleepyDataset):
-    """Worker processes die outright once their loader has 2 workers or more."""
+    """Worker processes die outright: every candidate with workers crashes."""
 
     def __getitem__(self, i):
         info = get_worker_info()
-        if info is not None and info.num_workers >= 2:
+        if info is not None:
             os._exit(3)
         return super().__getitem__(i)
 
@@ -45,7 +45,7 @@ def test_order_is_identical_and_a_switch_happened_mid_epoch():
     callback = tuner()
     tuned, trainer = fit([callback], data)
     assert tuned.seen == plain.seen
-    assert len(callback.report.trials) >= 3  # the user's settings and at least two candidates
+    assert len(callback.report.trials) >= 2  # the user's settings and at least one candidate
     assert callback.windows[1].label.startswith("trial")
     assert callback.windows[1].first_step < 512 // 8  # in the first epoch, i.e. mid-epoch
     assert psutil.Process().children() == []
@@ -75,10 +75,11 @@ def test_a_crashing_candidate_is_discarded_and_training_goes_on():
     callback = tuner(budget_s=30)
     tuned, trainer = fit([callback], data, epochs=1)
     assert tuned.seen == plain.seen  # every sample once, in order, despite the crash
-    failed = [t for t in callback.report.trials if t.status == "failed"]  # whichever count came first (it
-    assert failed  # follows the measured wait), growth reaches 2 or more workers, which crash here
-    assert all("exited unexpectedly" in t.error and t.settings["num_workers"] >= 2 for t in failed)
-    assert all(t.settings["num_workers"] < 2 for t in callback.report.trials if t.status == "ok")
+    failed = [t for t in callback.report.trials if t.status == "failed"]  # whichever count the model picks first
+    assert failed  # (it follows the measured wait) crashes, and the search never goes above a count that failed
+    assert all("exited unexpectedly" in t.error and t.settings["num_workers"] >= 1 for t in failed)
+    assert all(t.settings["num_workers"] == 0 for t in callback.report.trials if t.status == "ok")
+    assert callback.report.changes == []  # nothing that crashed is kept
     assert psutil.Process().children() == []
 
 

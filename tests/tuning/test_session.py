@@ -135,3 +135,17 @@ def test_a_cached_configuration_that_falls_short_is_tuned_afresh():
     assert s.state == "before" and switcher.restored and not s.from_cache
     feed(s, 100.0, 0.9)  # the before-window of the fresh tuning
     assert s.state == "trial"
+
+
+def test_no_trial_starts_that_the_fit_cannot_finish():
+    left = {"steps": 1000}
+    switcher = FakeSwitcher()
+    s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=60.0, windows=TrialWindows(lambda *args: None),
+                      clock=lambda: 0.0, steps_left=lambda: left["steps"])
+    feed(s, 100.0, 0.5)  # before: 1 worker predicted; 1000 steps left: room for it
+    assert switcher.switches[-1].num_workers == 1
+    left["steps"] = 30  # a trial window (20) and an after-window (20) no longer fit
+    feed(s, 150.0, 0.3)
+    assert switcher.switches[-1].num_workers == 1  # no new trial: the measured worker is chosen and verified
+    assert s.state == "after"
+    assert any("the fit has 30 optimizer steps left: too few for another trial" in n for n in s.notes)

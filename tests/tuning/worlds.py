@@ -1,0 +1,55 @@
+"""Synthetic input pipelines that behave like real ones: a step that consumes samples at a fixed input-free rate,
+loaders that deliver at a fixed rate each, and CPU-seconds per sample for the training process and for loading that
+stay what they are whatever the rate (so the CPU use a window reports is the rate times them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeopt.tuning.loader_search import LoaderSettings, Trial
+from pipeopt.tuning.noise import Rate
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class World:
+    step_rate: float  # samples/s the step consumes once input is free
+    loader_rate: float  # samples/s one loader delivers when it has the CPU it needs
+    cpus: float
+    main_cpu: float  # CPU-seconds per sample of the training step
+    load_cpu: float  # CPU-seconds per sample of loading
+    worker_mem: int = 0
+    fail_from: int | None = None  # this many workers or more crash
+
+    def rate(self, workers: int) -> float:
+        if workers == 0:  # loading and the step take turns in the main process
+            return 1.0 / (1.0 / self.step_rate + 1.0 / self.loader_rate)
+        return min(self.step_rate, workers * self.loader_rate, self.cpus / (self.main_cpu + self.load_cpu))
+
+    def best(self, most: int = 64) -> tuple[int, float]:
+        """The fewest workers reaching the best rate, and that rate."""
+        top = max(self.rate(n) for n in range(1, most + 1))
+        return next(n for n in range(1, most + 1) if self.rate(n) >= top * 0.999), top
+
+    def __call__(self, settings: LoaderSettings) -> Trial:
+        n = settings.num_workers
+        if self.fail_from is not None and n >= self.fail_from:
+            return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
+        rate = self.rate(n)
+        wait = 1.0 - rate / self.step_rate
+        if n == 0:
+            main, workers = rate * (self.main_cpu + self.load_cpu), 0.0
+        else:
+            main, workers = rate * self.main_cpu, rate * self.load_cpu
+        return Trial(settings, Rate(rate, 0.01), data_wait_frac=wait, cpu_main_pct=100 * main,
+                     cpu_workers_pct=100 * workers, worker_mem_bytes=self.worker_mem if n else None)
+
+
+#: Storage latency: each loader waits on slow storage (100 samples/s, little CPU); the step takes 1000/s.
+LATENCY = World(step_rate=1000.0, loader_rate=100.0, cpus=2, main_cpu=0.001, load_cpu=0.0002)
+#: CPU-bound decoding: a sample costs 4 ms of CPU to load; 2 CPUs cap the rate at 400/s whatever the workers.
+CPU_BOUND = World(step_rate=1000.0, loader_rate=250.0, cpus=2, main_cpu=0.001, load_cpu=0.004)
+#: Storage latency, where each worker takes 2 GiB of private memory and workers may take 5 GiB.
+MEMORY_BOUND = World(step_rate=1000.0, loader_rate=100.0, cpus=2, main_cpu=0.001, load_cpu=0.0002,
+                     worker_mem=2 * GIB)
