@@ -54,7 +54,7 @@ class _LiveGroup:
 
     @property
     def measuring(self) -> bool:
-        return self.state in ("baseline", "trial")
+        return self.state in ("baseline", "trial", "verify")
 
     def on_window(self, stats: WindowStats) -> None:
         self._pending = stats
@@ -84,6 +84,7 @@ class BatchTuning(_LiveGroup):
         self._wanted: tuple[BatchPlan, str, str] | None = None  # a switch waiting for its step: plan, label, state
         self._no_loss = False
         self._module: Any = None
+        self.verified: PlanWindow | None = None  # the window after a change
 
     def leave_alone(self) -> None:
         """Nothing is tried in this fit (the reason is in the report)."""
@@ -146,7 +147,7 @@ class BatchTuning(_LiveGroup):
                 self._wanted = None
                 self._switch.switch(plan)
                 self.state = state
-                if state == "done":
+                if state in ("done", "verify"):
                     self.after_from = self._windows
                 self._measure(label, skip=1)
             return
@@ -161,6 +162,9 @@ class BatchTuning(_LiveGroup):
         failed = both.failed
         window = PlanWindow(plan, None if failed else Rate(both.samples_per_s, both.rel_se), both.peak_bytes,
                             "training_step returned no loss for some batches" if failed else None)
+        if self.state == "verify":
+            self._verify(trainer, window)
+            return
         self.search.record(window)
         if self.state == "trial":
             self._say(f"batch trial: {plan.describe()} -> "
@@ -179,7 +183,27 @@ class BatchTuning(_LiveGroup):
         if choice is None:
             raise RuntimeError("pipeopt: the batch search ended without a choice")
         self._say(f"batch: {choice.plan.describe()} ({choice.reason})")
-        self._request(trainer, choice.plan, "after", "done")
+        self._request(trainer, choice.plan, "after", "done" if choice.plan == self.user else "verify")
+
+    def _verify(self, trainer: Any, after: PlanWindow) -> None:
+        """The window after a change: a fold (kept for speed) must still beat the user's plan beyond noise, a split
+        (kept for memory) must have run; otherwise the user's plan again."""
+        self.verified, user, base = after, self.user, self._rate_of(self.user)
+        fold = user is not None and after.plan.micro > user.micro
+        if after.rate is not None and (not fold or (base is not None and noise.faster(after.rate, base))):
+            self.state = "done"
+            return
+        what = (f"its after-window failed ({after.error})" if after.rate is None or base is None else
+                f"its after-window measured {after.rate.value:,.1f} samples/s against your plan's {base.value:,.1f}: "
+                "not faster beyond noise")
+        self.choice = BatchChoice(user or after.plan, f"rolled back {after.plan.describe()}: {what}")
+        self._say(f"batch: {self.choice.reason}")
+        self._request(trainer, user or after.plan, "after", "done")
+
+    def _rate_of(self, plan: BatchPlan | None) -> Rate | None:
+        """The rate ``plan``'s window measured in the search (None: not measured)."""
+        windows = self.search.windows if self.search is not None else []
+        return next((w.rate for w in windows if w.plan == plan and w.rate is not None), None)
 
     def _request(self, trainer: Any, plan: BatchPlan, label: str, state: str) -> None:
         """Switch to ``plan`` at this step boundary, or at the first one where its accumulation lines up."""
@@ -204,9 +228,15 @@ class BatchTuning(_LiveGroup):
         if choice.plan == user:
             out.notes.insert(0, f"batch: {choice.reason}")
             return out
-        plan = choice.plan
-        out.changes = [Change("batch_size", user.micro, plan.micro, choice.reason),
-                       Change("accumulate_grad_batches", user.accumulate, plan.accumulate, choice.reason)]
+        plan, base, trial = choice.plan, self._rate_of(user), self._rate_of(choice.plan)
+        after = self.verified.rate if self.verified is not None and self.verified.plan == plan else None
+        speedups = ((trial.value / base.value if trial and base else None),
+                    (after.value / base.value if after and base else None))
+        out.changes = [Change("batch_size", user.micro, plan.micro, choice.reason, *speedups),
+                       Change("accumulate_grad_batches", user.accumulate, plan.accumulate, choice.reason, *speedups)]
+        if self.state == "verify":
+            out.notes.insert(0, f"the fit ended before {plan.describe()}'s after-window closed: the change is "
+                                "unverified")
         out.suggestions = [f"DataLoader(..., batch_size={plan.micro}) with "
                            f"Trainer(..., accumulate_grad_batches={plan.accumulate})"]
         return out
@@ -235,8 +265,10 @@ class PrecisionTuning(_LiveGroup):
         super().__init__(agree=agree, say=say, reset_meter=reset_meter, window=window, min_window_s=min_window_s)
         self.choice: PrecisionChoice | None = None
         self.skipped = False
-        # state: "waiting" -> "baseline" (fp32 window) -> "trial" (one per candidate) -> "done"
+        # state: "waiting" -> "baseline" (fp32 window) -> "trial" (one per candidate) -> "verify" (the window after
+        # a change, against fp32's) -> "done"
         self.trials: list[PrecisionTrial] = []
+        self.verified: PrecisionTrial | None = None  # the window after the change, judged against fp32's
         self._candidates: list[str] = []
         self._trying: str = FP32
         self._losses: list[float] = []
@@ -284,7 +316,7 @@ class PrecisionTuning(_LiveGroup):
         loss = precision_apply.step_loss(outputs)
         if loss is not None:
             self._losses.append(loss)
-        if self.state != "trial" or self._failure is not None:
+        if self.state not in ("trial", "verify") or self._failure is not None:
             return
         scale = precision_apply.scaler_scale(trainer)
         self._skips = self._skips + 1 if scale is not None and self._scale is not None and scale < self._scale else 0
@@ -306,6 +338,9 @@ class PrecisionTuning(_LiveGroup):
         error = (failure or "it failed on another rank") if both.failed else None
         trial = PrecisionTrial(self._trying, None if both.failed else Rate(both.samples_per_s, both.rel_se),
                                tuple(self._losses), error=error)
+        if self.state == "verify":
+            self._verify(trainer, trial)
+            return
         self.trials.append(trial)
         if self.state == "trial":
             self._say(f"precision trial: {self._trying} -> "
@@ -325,8 +360,26 @@ class PrecisionTuning(_LiveGroup):
         if self.choice.precision != _lightning.precision_of(trainer):
             precision_apply.apply_precision(trainer, self.choice.precision)
         self._say(f"precision: {self.choice.precision} ({self.choice.reason})")
-        self.state = "done"
         self.after_from = self._windows
+        self.state = "verify" if self.choice.precision != FP32 else "done"  # a kept change is checked once more
+        self._trying, self._failure = self.choice.precision, None
+        self._measure("after" if self.state == "done" else f"after: {self.choice.precision}", skip=1)
+
+    def _verify(self, trainer: Any, after: PrecisionTrial) -> None:
+        """The window after the change: kept when it is still faster than fp32's beyond noise, else fp32 again."""
+        self.verified = after
+        base = next((t for t in self.trials if t.precision == FP32 and t.rate is not None), None)
+        if after.rate is not None and base is not None and base.rate is not None and noise.faster(after.rate,
+                                                                                                   base.rate):
+            self.state = "done"
+            return
+        precision_apply.apply_precision(trainer, FP32)
+        what = (f"its after-window failed ({after.error})" if after.rate is None or base is None or base.rate is None
+                else f"its after-window measured {after.rate.value:,.1f} samples/s against fp32's "
+                     f"{base.rate.value:,.1f}: not faster beyond noise")
+        self.choice = PrecisionChoice(FP32, f"rolled back {after.precision}: {what}")
+        self._say(f"precision: {self.choice.reason}")
+        self.state, self.after_from = "done", self._windows
         self._measure("after", skip=1)
 
     def _agreed_choice(self, local: PrecisionChoice) -> PrecisionChoice:
@@ -358,9 +411,21 @@ class PrecisionTuning(_LiveGroup):
         if choice.precision == FP32:
             out.notes.insert(0, f"precision: {choice.reason}")
             return out
-        out.changes = [Change("precision", FP32, choice.precision, choice.reason)]
+        if self.state == "verify":
+            out.notes.insert(0, f"the fit ended before {choice.precision}'s after-window closed: the change is "
+                                "unverified")
+        out.changes = [Change("precision", FP32, choice.precision, choice.reason, *self._speedups())]
         out.suggestions = [f"Trainer(..., precision={choice.precision!r})"]
         return out
+
+    def _speedups(self) -> tuple[float | None, float | None]:
+        """The kept precision's speedup over fp32 as its trial predicted it and as its after-window measured it."""
+        rates = {t.precision: t.rate.value for t in self.trials if t.rate is not None}
+        base, kept = rates.get(FP32), self.choice.precision if self.choice else None
+        after = self.verified.rate.value if self.verified is not None and self.verified.rate is not None else None
+        if not base or kept is None:
+            return None, None
+        return (rates[kept] / base if kept in rates else None), (after / base if after is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"precision": self.choice.precision} if self.choice is not None else {}

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.findings import loader_suggestion, predicted_speedup, trial_rows
+from pipeopt.report.findings import loader_changes, loader_suggestion, predicted_speedup, trial_rows
 from pipeopt.report.model import Environment, Report, Skipped
 from pipeopt.tuning.findings import Outcome
 from pipeopt.tuning.session import LoaderSession
@@ -60,11 +60,14 @@ def _loader_part(windows: Sequence[WindowStats], session: LoaderSession | None, 
     elif after is None and session.state == "done" and windows and windows[-1] is not before:
         after = windows[-1]  # nothing changed: the run's last window, measured after tuning ended
     if session.state != "done" and session.before is not None:
+        best = session.search.choice() if session.search is not None else None
+        verified = (f"; the best setting a window measured: {best.settings.describe()} "
+                    f"({best.rate.value:,.1f} samples/s)" if best is not None and best.rate is not None else "")
         notes.append(f"the fit ended before loader tuning finished (it was in its {session.state} phase); the run "
-                     f"ended with {current_loader}")
+                     f"ended with {current_loader}{verified}")
     notes.extend(session.notes)
     suggestion = loader_suggestion(session.changes)
     trials = session.search.trials if session.search is not None else []
-    return before, after, dict(changes=list(session.changes), trials=trial_rows(trials),
+    return before, after, dict(changes=loader_changes(session), trials=trial_rows(trials),
                                suggestions=[suggestion] if suggestion else [],
                                predicted_speedup=predicted_speedup(session))

@@ -12,6 +12,7 @@ from rich.text import Text
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.fit import FitAndCost
 from pipeopt.report.model import Report, Trial
+from pipeopt.tuning.findings import Change
 
 Row = tuple[str, Callable[[WindowStats], "float | None"], Callable[[float], str]]
 
@@ -79,9 +80,12 @@ def render(report: Report) -> Group:
         lines.append(f"Predicted speedup of the change (from its trial): {report.predicted_speedup:.2f}x\n")
     if report.measured_speedup is not None:
         what = "after over before" if report.mode == "tune" else "last over first window"
-        lines.append(f"Measured speedup ({what}): {report.measured_speedup:.2f}x\n")
+        error = report.prediction_error
+        off = f" (the prediction was off by {error:.0%})" if error is not None else ""
+        lines.append(f"Measured speedup ({what}): {report.measured_speedup:.2f}x{off}\n")
     for turned in report.changes:
-        lines.append(f"Changed {turned.knob}: {turned.before!r} -> {turned.after!r} ({turned.reason})\n")
+        what = f"{turned.before!r} -> {turned.after!r} ({turned.reason})"
+        lines.append(f"Changed {turned.knob}: {what}{checked(turned)}\n")
     for code in report.suggestions:
         lines.append(f"To keep it without pipeopt: {code}\n", style="bold")
     if report.mode == "observe":
@@ -111,6 +115,7 @@ def _trials_table(report: Report) -> Table:
     table = Table(title="loader trials (on the live run)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("settings")
+    table.add_column("predicted", justify="right")
     table.add_column("samples/s", justify="right")
     table.add_column("data wait", justify="right")
     table.add_column("status")
@@ -119,12 +124,22 @@ def _trials_table(report: Report) -> Table:
     return table
 
 
-def trial_cells(i: int, trial: Trial) -> tuple[str, str, str, str, str]:
-    """One trials-table row as text: number ("before" for the user's settings), settings, rate, wait, status."""
+def trial_cells(i: int, trial: Trial) -> tuple[str, str, str, str, str, str]:
+    """One trials-table row as text: number ("before" for the user's settings), settings, the loader model's
+    predicted rate, the measured rate, wait, status."""
+    predicted = "-" if trial.predicted_samples_per_s is None else f"{trial.predicted_samples_per_s:,.1f}"
     rate = "-" if trial.samples_per_s is None else f"{trial.samples_per_s:,.1f}"
     wait = "-" if trial.data_wait_frac is None else _pct(trial.data_wait_frac)
     status = trial.status if trial.error is None else f"{trial.status}: {trial.error}"
-    return ("before" if i == 0 else str(i), settings_text(trial.settings), rate, wait, status)
+    return ("before" if i == 0 else str(i), settings_text(trial.settings), predicted, rate, wait, status)
+
+
+def checked(change: Change) -> str:
+    """A change's predicted speedup beside the one measured after it, and how far off the prediction was."""
+    p, m = change.predicted_speedup, change.measured_speedup
+    if p is None or m is None or not m:
+        return ""
+    return f" [predicted {p:.2f}x, measured {m:.2f}x after the change: off by {abs(p - m) / m:.0%}]"
 
 
 def _label(window: WindowStats | None, name: str) -> str:

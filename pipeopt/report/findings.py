@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from pipeopt.report.model import Trial as TrialRow
@@ -13,7 +14,8 @@ from pipeopt.tuning.session import LoaderSession
 def trial_rows(trials: Sequence[Trial]) -> list[TrialRow]:
     """The loader search's trials, one report row each."""
     return [TrialRow(settings=t.settings.as_kwargs(), samples_per_s=t.rate.value if t.rate else None,
-                     data_wait_frac=t.data_wait_frac, status="ok" if t.ok else "failed", error=t.error)
+                     data_wait_frac=t.data_wait_frac, status="ok" if t.ok else "failed", error=t.error,
+                     predicted_samples_per_s=t.predicted)
             for t in trials]
 
 
@@ -23,6 +25,15 @@ def predicted_speedup(session: LoaderSession) -> float | None:
     if chosen is None or chosen.rate is None or before is None or not session.changes:
         return None
     return chosen.rate.value / before.value
+
+
+def loader_changes(session: LoaderSession) -> list[Change]:
+    """The loader's changes, each with the kept setting's speedup as its trial predicted it and as its after-window
+    measured it (over the before-window)."""
+    before, after = session.before_rate, session.after_rate
+    measured = after / before.value if before is not None and after is not None and before.value else None
+    predicted = predicted_speedup(session)
+    return [dataclasses.replace(c, predicted_speedup=predicted, measured_speedup=measured) for c in session.changes]
 
 
 def loader_suggestion(changes: Sequence[Change]) -> str | None:

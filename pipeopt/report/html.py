@@ -8,7 +8,16 @@ from pathlib import Path
 
 from pipeopt.files import write_atomic
 from pipeopt.measure.window import WindowStats
-from pipeopt.report.console import ROWS, health_line, memory_lines, settings_text, size_text, time_lines, trial_cells
+from pipeopt.report.console import (
+    ROWS,
+    checked,
+    health_line,
+    memory_lines,
+    settings_text,
+    size_text,
+    time_lines,
+    trial_cells,
+)
 from pipeopt.report.fit import FitAndCost
 from pipeopt.report.model import Report
 
@@ -73,7 +82,9 @@ def _verdict(report: Report) -> str:
     if report.predicted_speedup is not None:
         lines.append(f"Predicted speedup of the change (its trial): <b>{report.predicted_speedup:.2f}x</b>.")
     if report.measured_speedup is not None:
-        lines.append(f"Measured speedup (after over before): <b>{report.measured_speedup:.2f}x</b>.")
+        error = report.prediction_error
+        off = f" (the prediction was off by {error:.0%})" if error is not None else ""
+        lines.append(f"Measured speedup (after over before): <b>{report.measured_speedup:.2f}x</b>{off}.")
     return f"<div class='verdict {_e(v.kind)}'>" + "<br>".join(lines) + "</div>"
 
 
@@ -117,8 +128,8 @@ def _split_chart(report: Report) -> str:
 
 
 def _changes(report: Report) -> str:
-    rows = "".join(f"<li><b>{_e(c.knob)}</b>: {_e(c.before)} &rarr; {_e(c.after)} ({_e(c.reason)})</li>"
-                   for c in report.changes)
+    rows = "".join(f"<li><b>{_e(c.knob)}</b>: {_e(c.before)} &rarr; {_e(c.after)} ({_e(c.reason)}){_e(checked(c))}"
+                   "</li>" for c in report.changes)
     old = ", ".join(f"{c.knob}={c.before!r}" for c in report.changes)
     diff = "".join(f"<span class='del'>- DataLoader(..., {_e(old)})</span>\n<span class='add'>+ {_e(code)}</span>\n"
                    for code in report.suggestions)
@@ -146,7 +157,8 @@ def _trials_chart(report: Report) -> str:
 
 
 def _trials_table(report: Report) -> str:
-    rows = ["<table><tr><th>#</th><th>settings</th><th>samples/s</th><th>data wait</th><th>status</th></tr>"]
+    rows = ["<table><tr><th>#</th><th>settings</th><th>predicted samples/s</th><th>samples/s</th><th>data wait</th>"
+            "<th>status</th></tr>"]
     for i, t in enumerate(report.trials):
         css = " class='failed'" if t.status == "failed" else ""
         rows.append(f"<tr{css}>" + "".join(f"<td>{_e(cell)}</td>" for cell in trial_cells(i, t)) + "</tr>")

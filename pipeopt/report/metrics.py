@@ -21,6 +21,7 @@ key                                meaning                                      
 ``pipeopt/input_free_speedup``     estimated speedup if input were free (from the before-window)  end of fit
 ``pipeopt/predicted_speedup``      the kept change's predicted speedup (from its trial)           a change kept
 ``pipeopt/measured_speedup``       after-window over before-window throughput                     end of fit
+``pipeopt/prediction_error``       |predicted - measured speedup| / measured, of the kept change  a change kept
 ``pipeopt/memory/params_mb``       parameters (one rank)                                          end of fit
 ``pipeopt/memory/grads_mb``        gradients                                                      end of fit
 ``pipeopt/memory/optimizer_mb``    optimizer state                                                end of fit
@@ -70,6 +71,7 @@ def summary_metrics(report: Report) -> dict[str, float]:
         "pipeopt/input_free_speedup": report.verdict.input_free_speedup if report.verdict else None,
         "pipeopt/predicted_speedup": report.predicted_speedup,
         "pipeopt/measured_speedup": report.measured_speedup,
+        "pipeopt/prediction_error": report.prediction_error,
         **(_fit_metrics(report) if report.before is not None else {}),  # a fit with no window logs nothing
     }
     return {k: float(v) for k, v in candidates.items() if v is not None}

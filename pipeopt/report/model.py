@@ -26,6 +26,7 @@ class Trial:
     data_wait_frac: float | None
     status: str  # "ok" | "failed"
     error: str | None = None
+    predicted_samples_per_s: float | None = None  # the loader model's prediction when the trial was proposed
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,15 @@ class Report:
     def measured_speedup(self) -> float | None:
         return _speedup(self.before, self.after)
 
+    @property
+    def prediction_error(self) -> float | None:
+        """How far the kept change's predicted speedup was from the after-window's: |predicted - measured| /
+        measured (None without both)."""
+        measured, predicted = self.measured_speedup, self.predicted_speedup
+        if measured is None or predicted is None or not measured:
+            return None
+        return abs(predicted - measured) / measured
+
     def to_dict(self) -> dict[str, Any]:
         timeline = thin(self.timeline)
         fit = self.fit.to_dict() if self.fit else None
@@ -106,6 +116,7 @@ class Report:
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "predicted_speedup": self.predicted_speedup,
             "measured_speedup": self.measured_speedup,
+            "prediction_error": self.prediction_error,
             "changes": [asdict(c) for c in self.changes],
             "trials": [asdict(t) for t in self.trials],
             "skipped": [asdict(s) for s in self.skipped],

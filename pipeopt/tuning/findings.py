@@ -14,6 +14,8 @@ class Change:
     before: Any
     after: Any
     reason: str
+    predicted_speedup: float | None = None  # what its trial window predicted, over the window before it
+    measured_speedup: float | None = None  # what the window after the change measured, over the same
 
 
 @dataclass

@@ -61,15 +61,38 @@ def test_a_batch_over_the_memory_budget_moves_to_accumulated_micro_batches_on_th
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_an_accumulating_plan_is_folded_only_when_its_live_window_is_faster(faster, monkeypatch):
-    plain, _ = _fit([], batch_size=8, accumulate=4)
+    plain, _ = _fit([], batch_size=8, accumulate=4, epochs=3)  # room for a window before, a trial and one after
     controlled_rates(monkeypatch, lambda plan: 300.0 if faster and plan == BatchPlan(32, 1) else 100.0)
     counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch",))
-    model, trainer = _fit([counter, callback], batch_size=8, accumulate=4)
+    model, trainer = _fit([counter, callback], batch_size=8, accumulate=4, epochs=3)
     assert any(w.label == "batch trial: micro-batch 32 x accumulate 1" for w in callback.windows)
     assert trainer.accumulate_grad_batches == (1 if faster else 4)
-    assert counter.per_step == [32] * 16
+    assert counter.per_step == [32] * 24
     _same_training(model, plain)
     assert bool(callback.report.changes) is faster
+    if faster:  # the fold's trial predicted 3x; the window after the change measured it
+        (size, _) = callback.report.changes
+        assert (size.predicted_speedup, size.measured_speedup) == (pytest.approx(3.0), pytest.approx(3.0))
+
+
+def test_a_fold_whose_after_window_is_not_faster_goes_back_to_the_users_plan(monkeypatch):
+    plain, _ = _fit([], batch_size=8, accumulate=4, epochs=3)
+    seen = {"fold": 0}
+
+    def rate(plan):  # the fold is fast in its trial window, then no faster than the user's plan after the change
+        if plan != BatchPlan(32, 1):
+            return 100.0
+        seen["fold"] += 1
+        return 300.0 if seen["fold"] == 1 else 101.0
+
+    controlled_rates(monkeypatch, rate)
+    counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch",))
+    model, trainer = _fit([counter, callback], batch_size=8, accumulate=4, epochs=3)
+    assert trainer.accumulate_grad_batches == 4 and callback.report.changes == []
+    assert any(n.startswith("batch: rolled back micro-batch 32 x accumulate 1: its after-window measured 101.0 "
+                            "samples/s") for n in callback.report.notes)
+    assert counter.per_step == [32] * 24  # every optimizer step still saw the user's effective batch
+    _same_training(model, plain)
 
 
 def test_a_plan_tried_mid_epoch_with_the_loader_tuned_first_keeps_the_order(monkeypatch):

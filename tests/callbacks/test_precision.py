@@ -53,6 +53,8 @@ def test_bf16_is_tried_on_the_live_run_and_kept_when_faster(monkeypatch):
     assert (change.before, change.after) == ("32-true", "bf16-mixed") and "1.60x" in change.reason
     assert "live trial window" in change.reason
     assert "Trainer(..., precision='bf16-mixed')" in callback.report.suggestions
+    assert (change.predicted_speedup, change.measured_speedup) == (pytest.approx(1.6), pytest.approx(1.6))
+    assert callback.report.after.label == "after: bf16-mixed"  # the window that verified it is the report's after
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert state.state["tuned"]["precision"] == "bf16-mixed"
 
@@ -66,6 +68,25 @@ def test_a_candidate_that_is_not_faster_is_reverted(monkeypatch):
     assert True in model.autocast  # it was tried: a window of real steps in bf16
     assert any("not faster beyond noise" in n for n in callback.report.notes)
     assert callback.report.changes == []
+
+
+def test_a_kept_precision_whose_after_window_is_not_faster_is_rolled_back(monkeypatch):
+    seen = {"bf16-mixed": 0}
+
+    def rate(p):  # bf16 is fast in its trial window, then no faster than fp32 in the window after the change
+        if p != "bf16-mixed":
+            return 100.0
+        seen[p] += 1
+        return 160.0 if seen[p] == 1 else 101.0
+
+    controlled_rates(monkeypatch, rate)
+    callback = quiet_pipeopt(tune=("precision",))
+    model, trainer = _fit([callback])
+    assert trainer.precision == "32-true" and not model.autocast[-1]  # back in fp32 for the rest of the fit
+    assert model.calls == 24
+    assert callback.report.changes == []
+    note = next(n for n in callback.report.notes if n.startswith("precision: rolled back"))
+    assert "its after-window measured 101.0 samples/s against fp32's 100.0: not faster beyond noise" in note
 
 
 def test_a_non_finite_loss_reverts_at_once(monkeypatch):

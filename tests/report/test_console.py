@@ -29,6 +29,9 @@ def test_before_after_table():
     assert "GPU monitoring: n/a (no NVIDIA driver)" in text
     assert "Verdict: input-bound" in text
     assert "Changed num_workers: 0 -> 2 (fastest within noise)" in text
+    assert "Measured speedup (after over before): 2.00x (the prediction was off by 5%)" in text
+    (trial_row,) = [ln for ln in text.splitlines() if "2 workers" in ln]
+    assert [c.strip() for c in trial_row.strip("│").split("│")][2:4] == ["600.0", "640.0"]  # predicted, measured
     assert "Skipped dali: DALI is not installed" in text
 
 

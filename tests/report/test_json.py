@@ -41,7 +41,7 @@ def full_report():
     return Report(
         mode="tune", environment=ENV, before=before, after=after, verdict=judge(before),
         changes=[Change("num_workers", 0, 2, "fastest within noise")],
-        trials=[Trial({"num_workers": 2}, 640.0, 0.02, "ok"),
+        trials=[Trial({"num_workers": 2}, 640.0, 0.02, "ok", predicted_samples_per_s=600.0),
                 Trial({"num_workers": 8}, None, None, "failed", "worker crashed")],
         skipped=[Skipped("dali", "DALI is not installed")], notes=["a note"], timeline=[before, after],
         steps_measured=45,
@@ -56,6 +56,8 @@ def test_written_report_matches_the_schema_and_reads_back(tmp_path):
     jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
     assert data["measured_speedup"] == pytest.approx(2.0)
     assert data["predicted_speedup"] == pytest.approx(1.9)  # the change's own prediction, beside the measurement
+    assert data["prediction_error"] == pytest.approx(0.05)  # |1.9 - 2.0| / 2.0
+    assert data["trials"][0]["predicted_samples_per_s"] == 600.0
     assert data["fit"]["memory"]["params_bytes"] == 400 * 2**20 and data["fit"]["time"]["fit_saving"] > 0
     assert read_report(path) == report
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
