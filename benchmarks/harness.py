@@ -44,9 +44,11 @@ def run_fit(
     steps: int | None = None,
     steady_from: float | None = None,
     loader: Any = None,
+    batch_ends: list[float] | None = None,
 ) -> dict[str, float]:
     """Fit ``scenario`` with loader ``settings`` (or a ready ``loader``); steady throughput is measured from step
-    ``warmup`` (or from the fraction ``steady_from`` of the run, to measure only after a tuner has finished)."""
+    ``warmup`` (or from the fraction ``steady_from`` of the run, to measure only after a tuner has finished).
+    ``batch_ends``, when given, receives each batch's end in seconds from the fit's start."""
     pl.seed_everything(0, verbose=False)
     watch = Stopwatch()
     trainer = pl.Trainer(
@@ -62,6 +64,8 @@ def run_fit(
     start = time.perf_counter()
     trainer.fit(scenario.make_model(), loader if loader is not None else scenario.loader(dataset, **settings))
     wall = time.perf_counter() - start
+    if batch_ends is not None:
+        batch_ends.extend(t - start for t in watch.times)
     total = steps or scenario.steps
     rate = watch.steady_rate(int(steady_from * total) if steady_from is not None else scenario.warmup)
     return {"steps_per_s": rate, "samples_per_s": rate * scenario.batch_size, "wall_s": wall}

@@ -186,7 +186,10 @@ def _history_rows() -> list[str]:
         name, stamp, *commit = path.stem.split("-")
         when = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]} {stamp[9:11]}:{stamp[11:13]}"
         p = r.get("pipeopt")
-        if r["scenario"] == "dali_cpu_decode":
+        if r["scenario"] == "predict_verify":
+            ratios = [x["tuned_over_oracle"] for sc in r["scenarios"] for x in sc["runs"]]
+            ratio = f"pipeopt / oracle {_mmm(ratios, '{:.2f}')} (all scenarios' runs)"
+        elif r["scenario"] == "dali_cpu_decode":
             dali = r["grid"][-1]["runs"]
             best = next(row for row in r["grid"] if row["settings"] == r["best_dataloader"])["runs"]
             ratio = f"DALI / best DataLoader {_mmm([d / b for d, b in zip(dali, best)], '{:.2f}')}"
@@ -197,6 +200,29 @@ def _history_rows() -> list[str]:
         else:
             ratio = "no pipeopt runs"
         rows.append(f"| {when} | {commit[0] if commit else '-'} | {r['scenario']} | `{r['command']}` | {ratio} |")
+    return rows
+
+
+def predict_verify_rows(r: dict[str, Any]) -> list[str]:
+    """The predict-then-verify table (``benchmarks.predict_verify``): one row per scenario, every repeat in it."""
+    rows = ["", "| predict, then verify (`benchmarks.predict_verify`) | live trials until kept | after-window starts "
+            "at | pipeopt / oracle (runs of {steps} steps) | kept change: predicted vs measured speedup, error | "
+            "pipeopt kept |".format(steps=r["scenarios"][0]["steps_per_run"] if r["scenarios"] else "-"),
+            "|---|---:|---:|---:|---|---|"]
+    for sc in r["scenarios"]:
+        runs = sc["runs"]
+        speedups = "; ".join("-" if x["predicted_speedup"] is None or x["measured_speedup"] is None else
+                             f"{x['predicted_speedup']:.2f}x vs {x['measured_speedup']:.2f}x "
+                             f"({x['prediction_error']:.0%})" for x in runs)
+        after = [x["after_window_starts_at_s"] for x in runs if x["after_window_starts_at_s"] is not None]
+        rows.append(f"| {sc['scenario']} | {_mmm([x['trials_until_kept'] for x in runs])} | "
+                    f"{_mmm(after, '{:.1f} s')} | {_mmm([x['tuned_over_oracle'] for x in runs], '{:.2f}')} | "
+                    f"{speedups} | {'; '.join(label(x['kept']) or 'no change' for x in runs)} |")
+    rows += ["", f"Predict, then verify: `{r['command']}`. Each repeat is a run from `num_workers=0` under "
+             "`PipeOpt(tune=(\"loader\",))` beside a run of the same length with the oracle grid's best setting, "
+             "interleaved; trials exclude the before-window; the after-window's start is wall time from the fit's "
+             "start; pipeopt / oracle is steady throughput over each run's last quarter; the error is |predicted - "
+             "measured| / measured of the kept change's speedup."]
     return rows
 
 
@@ -269,6 +295,9 @@ def write_markdown() -> Path:
                     f"{d['machine']['cpus']} CPUs ({d['machine']['device']}), torch {d['machine']['torch']}", "",
                     "| loader | samples/s, median [min - max] of the repeats |", "|---|---:|"]
         details += [f"| {label(row['settings'])} | {_mmm(row['runs'])} |" for row in d["grid"]]
+    predict = RESULTS / "predict_verify.json"
+    if predict.exists():
+        lines += predict_verify_rows(json.loads(predict.read_text()))
     book = RESULTS / "bookkeeping.json"
     if book.exists():
         b = json.loads(book.read_text())
