@@ -8,7 +8,7 @@ run of the same length with the oracle grid's best setting (``benchmarks/results
 pairs whose order alternates. Per tuned run: live trials until the kept setting, wall time from the fit's start to
 the start of its after-window, steady throughput over the run's last quarter over its paired oracle run's, and
 ``|predicted - measured| / measured`` of the kept change's speedup. Every repeat is kept. Writes
-``benchmarks/results/predict_verify.json`` (and a copy in ``results/history/``).
+``benchmarks/results/predict_verify.json`` (and a copy in ``results/history/``) and regenerates the results tables.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import warnings
 from typing import Any
 
 from benchmarks.harness import median, quiet_pipeopt, run_fit
-from benchmarks.run import RESULTS, keep_in_history, machine
+from benchmarks.run import RESULTS, keep_in_history, machine, write_markdown
 from benchmarks.scenarios import SCENARIOS
 
 STEADY_FROM = 0.75
@@ -90,6 +90,7 @@ def main() -> int:
     path = RESULTS / "predict_verify.json"
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     keep_in_history(result)
+    write_markdown()
     for sc in result["scenarios"]:
         print(json.dumps({k: v for k, v in sc.items() if k != "runs"}, default=str))
     print(f"wrote {path}")
