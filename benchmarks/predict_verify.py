@@ -29,7 +29,8 @@ STEADY_FROM = 0.75
 def tuned_figures(report: Any, batch_ends: list[float], tuned: dict[str, float], oracle: dict[str, float],
                   batch_size: int) -> dict[str, Any]:
     after = report.after
-    after_start = batch_ends[after.first_step - 1] if after is not None and after.first_step > 0 else None
+    after_start = (batch_ends[after.first_step - 1]  # the after-window of a kept change (else: the run's last)
+                   if after is not None and after.first_step > 0 and report.changes else None)
     return {
         "trials_until_kept": len(report.trials) - 1,
         "kept": {c.knob: c.after for c in report.changes},

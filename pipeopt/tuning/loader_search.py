@@ -2,29 +2,31 @@
 
 The search (a plan, fed one measured trial at a time):
 1. Compute-bound (data wait below 10 %): stop; more workers would only take CPU from the step.
-2. Predict, then verify (``capacity``): fit a capacity model to the before-window (the step's input-free rate, what
-   the main process delivers loading between steps) and try the worker count it predicts best; refit on that
-   trial's window (now with what a worker delivers and costs in CPU and memory) and try the refit's pick once, when
-   it differs. Every proposal carries its predicted rate; the trial records it beside the measured one.
-3. Fallback, when the refit's pick misses its prediction beyond noise (or a predicted count fails): grow
-   ``num_workers`` geometrically from the best count so far while each step is faster than the best beyond noise
-   (a count too close to call is measured once more and judged on both windows), until the data wait is gone
-   (< 5 %), a trial fails, or the next count would not fit the budget: two workers per CPU this rank may use
-   always fit; beyond that the measured CPU per worker times the count must fit those CPUs (workers that mostly
-   wait on storage use little CPU and may outnumber the cores), and their measured private memory must fit the
-   memory available. Then refine: the midpoints between the best count and its tried neighbours.
-4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise.
+2. Grow ``num_workers`` geometrically (0 -> 1 -> 2 -> 4 ...) while each step is faster than the best so far
+   beyond noise (a count too close to call is measured once more and judged on both windows), until the data
+   wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
+   two workers per CPU this rank may use always fit; beyond that the measured CPU per worker times the count
+   must fit those CPUs (workers that mostly wait on storage use little CPU and may outnumber the cores), and
+   their measured private memory must fit the memory available.
+3. Refine: the midpoints between the best count and its tried neighbours.
+4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise, among those
+   whose workers' measured memory fits.
 5. DALI (when it may be tried: the ``"dali"`` group, DALI installed, a dataset it can rebuild): one more
    candidate, measured like the others (once more when too close to call). It is chosen only when it beats every
    DataLoader setting beyond noise: at a tie the DataLoader, the user's own machinery, wins.
 6. Extras on a DataLoader choice, each kept only if faster beyond noise: ``prefetch_factor=4`` when some wait
    remains; ``pin_memory=True`` on CUDA when transfers take time. ``persistent_workers`` is set where workers
    would otherwise restart at every remaining epoch boundary.
+
+Every DataLoader proposal carries the rate the capacity model (``capacity``), fitted to the trials so far, predicts
+for its worker count; the trial records it beside the measured rate, so the report shows how well the model
+describes this pipeline. The model does not steer the search (yet): see docs/loader-tuning.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -134,7 +136,6 @@ class LoaderSearch:
         self.trials: list[Trial] = [baseline]
         self.stop_reason: str | None = None
         self.predictions: dict[LoaderSettings, float] = {}  # what the model predicted for each proposal
-        self.fell_back: str | None = None  # why the search left the model for geometric growth (None: it did not)
         self._plan = self._steps()
         self._waiting = False
 
@@ -144,6 +145,8 @@ class LoaderSearch:
             raise RuntimeError("record() the last proposal before asking for another")
         candidate = next(self._plan, None)
         self._waiting = candidate is not None
+        if candidate is not None and not candidate.dali and candidate not in self.predictions:
+            self.predictions[candidate] = self._model().rate(candidate.num_workers)  # checked when it is measured
         return candidate
 
     def record(self, trial: Trial) -> None:
@@ -178,13 +181,8 @@ class LoaderSearch:
         return min(unbeaten or ok, key=cost)
 
     def summary(self) -> list[str]:
-        """How the search went, as report notes: where it left the model, why it stopped."""
-        notes = [f"loader model: {self.fell_back}; searched geometrically from there"] if self.fell_back else []
-        return notes + ([f"loader search stopped: {self.stop_reason}"] if self.stop_reason else [])
-
-    def predict(self, settings: LoaderSettings) -> float | None:
-        """The rate the model fitted to every trial so far predicts for a DataLoader setting (None for DALI)."""
-        return None if settings.dali else self._model().rate(settings.num_workers)
+        """How the search went, as report notes: why it stopped."""
+        return [f"loader search stopped: {self.stop_reason}"] if self.stop_reason else []
 
     def _within_memory(self, trial: Trial) -> bool:
         """Its workers' measured memory fits what workers may take (the baseline always does: it is the user's)."""
@@ -202,7 +200,8 @@ class LoaderSearch:
                                 "step; more workers would only take CPU from the step")
             return
         if self.budget.may_change_workers:
-            yield from self._predicted()
+            yield from self._grow()
+            yield from self._refine()
         else:
             self.stop_reason = "num_workers left as is (\"loader\" is not among the groups to tune)"
         yield from self._dali()
@@ -239,46 +238,28 @@ class LoaderSearch:
             raise RuntimeError("pipeopt: no measured trial to fit the loader model to")
         return model
 
-    def _predicted(self) -> Iterator[LoaderSettings]:
-        """The model's pick, then the refit's pick once; the geometric search when the refit misses (see above)."""
-        for attempt in (1, 2):
-            model = self._model()
-            n = model.best(MAX_WORKERS)
-            candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
-            if self._tried(candidate) is not None:
-                self.stop_reason = (f"the loader model, refitted on the trials, picks {_workers(n)} again "
-                                    f"(predicted {model.rate(n):,.1f} samples/s)")
-                break
-            predicted = self.predictions[candidate] = model.rate(n)
-            yield candidate
-            trial = self.trials[-1]
-            if not trial.ok:
-                self.fell_back = f"the model's pick, {_workers(n)}, failed: {trial.error}"
-                yield from self._fallback(max(1, n // 2), failed_at=(n, trial.error))
-                return
-            rate = measured(trial.rate)
-            if attempt == 2 and not within_noise(rate, Rate(predicted, 0.0), self.floor):
-                self.fell_back = (f"the refitted model's pick, {_workers(n)}, measured {rate.value:,.1f} samples/s "
-                                  f"against {predicted:,.1f} predicted")
-                yield from self._fallback()
-                return
-        else:
-            self.stop_reason = f"tried the loader model's pick and its refit's ({_workers(n)})"
+    def _first_count(self) -> int:
+        """Where growth starts: twice the user's workers - or, from the main process, the workers the before-window
+        says the step needs, rounded down to a power of two and at most two per CPU (beyond, the CPU a worker
+        takes must be measured first). The loop waited a share ``w`` of each step while the main process loaded;
+        a worker loading as fast keeps up with ``1 - w`` of an input-free step, so about ``w / (1 - w)`` workers
+        do. A heavily input-bound run skips the counts that cannot be enough."""
+        user = self.baseline.settings.num_workers
+        if user > 0:
+            return 2 * user
+        wait = min(self.baseline.data_wait_frac or 0.0, 0.99)
+        needed = wait / (1.0 - wait)
+        first = 2 ** math.floor(math.log2(needed)) if needed >= 1 else 1
+        return max(1, min(first, 2 * self.budget.cpus))
 
-    def _fallback(self, n: int | None = None,
-                  failed_at: tuple[int, str | None] | None = None) -> Iterator[LoaderSettings]:
-        """Geometric growth from ``n`` (default: twice the fastest count so far), then the midpoints."""
-        ok = [t for t in self.trials if t.ok and not t.settings.dali]
-        best = max(ok, key=lambda t: measured(t.rate).value)
-        yield from self._grow(max(1, 2 * best.settings.num_workers if n is None else n), best, failed_at)
-        yield from self._refine()
-
-    def _grow(self, n: int, best: Trial, failed_at: tuple[int, str | None] | None = None) -> Iterator[LoaderSettings]:
-        """Double the workers from ``n`` while it pays; the first count that does not beat ``best`` beyond noise
-        (measured twice when too close to call) ends it. Only the step from the main process to one worker is
-        forgiven a tie: a single worker merely overlaps loading with the step. A first count that fails is halved
-        (the jump may have overshot what the machine survives), and growth stays below it (and below
-        ``failed_at``)."""
+    def _grow(self) -> Iterator[LoaderSettings]:
+        """Double the workers while it pays; the first count that does not beat the best beyond noise (measured
+        twice when too close to call) ends it. Only the step from the main process to one worker is forgiven a
+        tie: a single worker merely overlaps loading with the step. A first count that fails is halved (the jump
+        may have overshot what the machine survives), and growth stays below it."""
+        best = self.baseline
+        n = self._first_count()
+        failed_at: tuple[int, str | None] | None = None
         while True:
             if failed_at is not None and n >= failed_at[0]:
                 self.stop_reason = f"{_workers(failed_at[0])} failed: {failed_at[1]}"
@@ -288,13 +269,8 @@ class LoaderSearch:
                     self.stop_reason = f"{n} workers exceed the budget ({self.budget.cpus} CPUs, cap {MAX_WORKERS})"
                 return
             candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
-            trial = self._tried(candidate)  # a count the model already tried is judged on its window
-            if trial is not None and trial.settings == best.settings:
-                n *= 2
-                continue
-            if trial is None:
-                yield candidate
-                trial = self.trials[-1]
+            yield candidate
+            trial = self.trials[-1]
             if not trial.ok and best is self.baseline and n > 1:
                 failed_at, n = (n, trial.error), n // 2
                 continue

@@ -6,7 +6,7 @@ import pytest
 
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
 from pipeopt.tuning.noise import Rate
-from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND
+from tests.tuning.worlds import GIB, LATENCY, MEMORY_BOUND
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
 
@@ -46,57 +46,17 @@ def test_compute_bound_runs_are_left_alone():
     assert search.choice().settings == USER
 
 
-def test_the_models_pick_then_its_refit_reach_the_best_count_in_two_trials():
-    search = LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True))
-    proposed = run(search, LATENCY)
-    # the before-window alone says 10 workers would reach the step's 1000/s, but until a worker's CPU is measured
-    # at most two per CPU are started: 4; their window shows a worker costs little CPU, and the refit picks 10
-    assert [p.num_workers for p in proposed] == [4, 10]
-    assert all(p.persistent_workers for p in proposed)
-    assert [t.predicted for t in search.trials] == [None, pytest.approx(400.0), pytest.approx(1000.0)]
-    assert search.choice().settings.num_workers == LATENCY.best()[0]
-    assert search.fell_back is None
-
-
-def test_cpu_bound_loading_stops_where_the_cpus_are_spent():
-    search = LoaderSearch(CPU_BOUND(USER), Budget(cpus=2, more_epochs=True))
-    proposed = run(search, CPU_BOUND)
-    assert len(proposed) <= 3
-    chosen = search.choice()
-    assert chosen.rate.value == pytest.approx(CPU_BOUND.best()[1])  # the 2 CPUs' 400/s
-    assert "picks 4 workers again (predicted 400.0 samples/s)" in search.stop_reason
-
-
-def test_memory_bound_workers_stay_within_the_memory_they_may_take():
-    search = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
-    proposed = run(search, MEMORY_BOUND)
-    assert [p.num_workers for p in proposed][:2] == [4, 2]  # 4 x 2 GiB measured over the 5 GiB: refit at 2
-    assert search.choice().settings.num_workers == 2  # 4 was faster, but does not fit
-
-
-@pytest.mark.parametrize("world", [LATENCY, CPU_BOUND, MEMORY_BOUND], ids=["latency", "cpu", "memory"])
-def test_every_kept_trial_carries_its_prediction_and_few_trials_are_needed(world):
-    search = LoaderSearch(world(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
-    proposed = run(search, world)
-    assert len(proposed) <= 3
-    assert all(t.predicted is not None for t in search.trials[1:] if t.settings.prefetch_factor == 2)
-    chosen = search.choice()  # the model refitted on every trial predicts what the chosen setting measured
-    assert search.predict(chosen.settings) == pytest.approx(chosen.rate.value, rel=0.05)
-
-
-def test_a_pipeline_the_model_does_not_describe_falls_back_to_geometric_growth():
-    def collapse(settings):  # beyond 4 workers something the model cannot see (thrashing storage) caps it at 300/s
-        n = settings.num_workers
-        rate = 100.0 * n if n <= 4 else 300.0
-        return trial(settings, rate, 1 - rate / 1000.0, cpu_workers=5.0 * n)
-
-    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
-    counts = [p.num_workers for p in run(search, collapse)]
-    assert counts[:2] == [4, 7]  # the refit predicts 7 workers reach ~667/s; they measure 300
-    assert search.fell_back == "the refitted model's pick, 7 workers, measured 300.0 samples/s against 666.7 predicted"
-    assert counts[2] == 8  # geometric growth from twice the fastest count: not faster, ends; then the midpoints
-    assert "8 workers were not faster than 4 workers" in search.stop_reason
-    assert search.choice().settings.num_workers == 4
+def test_workers_grow_until_the_wait_is_gone_then_the_cheapest_within_noise_wins():
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, more_epochs=True))
+    proposed = run(search, storage_world)
+    counts = [p.num_workers for p in proposed]
+    # the before-window waited 90 %: about 9 workers are needed, so growth starts at 4 (two per CPU; beyond, the
+    # CPU a worker takes is measured first) and goes on geometrically past the 2 CPUs (these workers mostly wait)
+    assert counts[:3] == [4, 8, 16]
+    assert all(p.persistent_workers for p in proposed if p.num_workers)
+    chosen = search.choice().settings
+    assert chosen.num_workers == 12  # the refined midpoint reaches the 1000/s cap with fewer workers than 16
+    assert chosen.prefetch_factor == 2
 
 
 def test_cpu_heavy_workers_stop_at_the_cpu_budget():
@@ -109,6 +69,19 @@ def test_cpu_heavy_workers_stop_at_the_cpu_budget():
     assert max(p.num_workers for p in proposed) == 4  # two per CPU always fit; 8 x 95 % would not
     assert "8 workers would need about 760 % CPU" in search.stop_reason
     assert search.choice().settings.num_workers == 4
+
+
+def test_growth_ends_at_the_first_count_that_does_not_beat_the_best():
+    def plateau(settings):  # the step caps at 900/s; a fetch costs the loop some wait however many workers
+        n = settings.num_workers
+        return trial(settings, min(900.0, 100.0 * max(n, 1)), 0.8 if n < 8 else 0.12, cpu_workers=5.0 * n)
+
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    counts = [p.num_workers for p in run(search, plateau)]
+    # 16 beats 8 (+12.5 %); 32 ties 16 twice and ends growth
+    assert counts[:5] == [4, 8, 16, 32, 32]
+    assert 64 not in counts
+    assert "were not faster than" in search.stop_reason
 
 
 def test_a_failed_trial_ends_growth_and_is_never_chosen():
@@ -148,17 +121,19 @@ def test_record_before_the_next_proposal():
 def test_a_count_too_close_to_call_is_measured_again_and_judged_on_both():
     seen = {}
 
-    def close(settings):  # every count within noise of the main process: nothing the model predicts comes true
+    def close_then_clear(settings):
         n = settings.num_workers
         seen[n] = seen.get(n, 0) + 1
-        return trial(settings, 104.0 if n == 1 else 100.0 if seen[n] == 1 or n != 2 else 108.0, 0.8)
+        if n == 1:
+            return trial(settings, 104.0 if seen[n] == 1 else 108.0, 0.8)  # +4 %, then +8 %: together +6 %
+        return trial(settings, 100.0, 0.8)
 
-    search = LoaderSearch(trial(USER, 100.0, 0.5), Budget(cpus=2))  # half the step waiting: 1 worker predicted
-    proposed = [p.num_workers for p in run(search, close)]
-    assert proposed[:4] == [1, 4, 2, 2]  # the refit's 4 misses; growth from 2, too close to call: measured again
-    two = next(t for t in search.trials if t.settings.num_workers == 2)
-    assert two.repeats == 2 and two.rate.value == pytest.approx(104.0)
-    assert search.choice().settings == USER  # nothing beat the user's setting beyond noise
+    search = LoaderSearch(trial(USER, 100.0, 0.5), Budget(cpus=2))  # half the step waiting: start at 1 worker
+    proposed = [p.num_workers for p in run(search, close_then_clear)]
+    assert proposed[:2] == [1, 1]
+    one = next(t for t in search.trials if t.settings.num_workers == 1)
+    assert one.repeats == 2 and one.rate.value == pytest.approx(106.0)
+    assert search.choice().settings.num_workers == 1
 
 
 def test_one_noisy_trial_does_not_make_clearly_slower_settings_eligible():
@@ -169,19 +144,15 @@ def test_one_noisy_trial_does_not_make_clearly_slower_settings_eligible():
     assert search.choice().settings == two  # 613 beats 519 beyond noise; the noisy 632 beats nothing
 
 
-@pytest.mark.parametrize("wait, first", [(0.3, 1), (0.5, 1), (0.75, 3), (0.8, 4), (0.95, 4)])
-def test_the_first_pick_is_the_workers_the_before_window_says_are_needed(wait, first):
+@pytest.mark.parametrize("wait, first", [(0.3, 1), (0.5, 1), (0.75, 2), (0.8, 4), (0.95, 4)])
+def test_growth_starts_at_the_workers_the_before_window_says_are_needed(wait, first):
     search = LoaderSearch(trial(USER, 100.0, wait), Budget(cpus=2))
-    # the main process loaded a share w of each step: a worker keeps up with (1 - w) / w of the step's pace, so about
-    # w / (1 - w) workers are needed (at most two per CPU before a worker's CPU is measured)
-    assert search.propose().num_workers == first
+    assert search.propose().num_workers == first  # w / (1 - w), rounded down to a power of two, <= 2 per CPU
 
 
-def test_from_the_users_workers_the_model_reads_what_each_delivers_and_costs():
+def test_from_the_users_workers_growth_doubles_them():
     search = LoaderSearch(trial(USER.with_workers(3, persistent=False), 100.0, 0.9, cpu_workers=30.0), Budget(cpus=2))
-    # 3 workers delivered 100/s (33/s each) taking 130 % CPU with the step: the 2 CPUs allow about 154/s, which
-    # 5 workers reach
-    assert search.propose().num_workers == 5
+    assert search.propose().num_workers == 6
 
 
 def test_a_first_count_that_fails_is_halved_and_never_exceeded():
@@ -197,16 +168,16 @@ DALI = LoaderSettings.dali_on("cpu")
 
 
 def with_dali(rate, *, fail=False, wait=0.0):
-    """``LATENCY``, where DALI delivers ``rate`` samples/s (or fails)."""
+    """``storage_world``, where DALI delivers ``rate`` samples/s (or fails)."""
     def world(settings):
         if settings.dali:
             return Trial(settings, None, error="the DALI pipeline failed") if fail else trial(settings, rate, wait)
-        return LATENCY(settings)
+        return storage_world(settings)
     return world
 
 
 def test_dali_is_tried_after_the_worker_search_and_chosen_when_faster_beyond_noise():
-    search = LoaderSearch(LATENCY(USER), Budget(cpus=2, dali="cpu"))
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
     proposed = run(search, with_dali(1500.0))
     assert proposed.count(DALI) == 1
     assert [p for p in proposed if p.dali] == proposed[-1:]  # last: no DataLoader extras after DALI won
@@ -214,11 +185,11 @@ def test_dali_is_tried_after_the_worker_search_and_chosen_when_faster_beyond_noi
 
 
 def test_dali_at_a_tie_is_measured_again_and_the_dataloader_is_kept():
-    search = LoaderSearch(LATENCY(USER), Budget(cpus=2, dali="cpu"))
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
     proposed = run(search, with_dali(1005.0))  # the best worker count reaches 1000/s
     assert proposed.count(DALI) == 2
     chosen = search.choice().settings
-    assert not chosen.dali and chosen.num_workers == 10
+    assert not chosen.dali and chosen.num_workers == 12
 
 
 def test_a_slower_or_failed_dali_trial_is_never_chosen():
@@ -235,3 +206,27 @@ def test_dali_alone_when_workers_may_not_change_and_never_for_a_compute_bound_ru
     assert proposed[0] == LoaderSettings.dali_on("mixed") and search.choice().settings.dali == "mixed"
     assert LoaderSearch(trial(USER, 1000.0, 0.02), Budget(cpus=2, dali="cpu")).propose() is None
     assert all(not p.dali for p in run(LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2)), with_dali(9e9)))
+
+
+# -- the capacity model's predictions, recorded beside each measurement ----------------------------------------
+def test_every_dataloader_proposal_carries_the_models_prediction_for_it():
+    search = LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True, dali="cpu"))
+    run(search, with_dali_on(LATENCY, 500.0))
+    by_count = {t.settings.num_workers: t.predicted for t in search.trials if not t.settings.dali}
+    assert by_count[0] is None  # the user's settings: measured, not predicted
+    assert by_count[4] == pytest.approx(400.0)  # from the before-window alone: 4 workers x 100/s
+    assert by_count[8] == pytest.approx(800.0)  # refitted on the 4-worker window (100/s a worker, CPU measured)
+    assert all(t.predicted is None for t in search.trials if t.settings.dali)  # DALI is not modelled
+
+
+def test_a_measured_setting_whose_workers_exceed_their_memory_is_never_chosen():
+    search = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
+    run(search, MEMORY_BOUND)
+    assert any(t.settings.num_workers == 4 for t in search.trials)  # tried (its memory unknown until measured)
+    assert search.choice().settings.num_workers <= 2  # 4 x 2 GiB do not fit the 5 GiB workers may take
+
+
+def with_dali_on(world, rate):
+    def both(settings):
+        return trial(settings, rate, 0.0) if settings.dali else world(settings)
+    return both
