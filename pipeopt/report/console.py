@@ -83,9 +83,8 @@ def render(report: Report) -> Group:
         error = report.prediction_error
         off = f" (the prediction was off by {error:.0%})" if error is not None else ""
         lines.append(f"Measured speedup ({what}): {report.measured_speedup:.2f}x{off}\n")
-    for turned in report.changes:
-        what = f"{turned.before!r} -> {turned.after!r} ({turned.reason})"
-        lines.append(f"Changed {turned.knob}: {what}{checked(turned)}\n")
+    for line in change_lines(report.changes):
+        lines.append(f"{line}\n")
     for code in report.suggestions:
         lines.append(f"To keep it without pipeopt: {code}\n", style="bold")
     if report.mode == "observe":
@@ -132,6 +131,18 @@ def trial_cells(i: int, trial: Trial) -> tuple[str, str, str, str, str, str]:
     wait = "-" if trial.data_wait_frac is None else _pct(trial.data_wait_frac)
     status = trial.status if trial.error is None else f"{trial.status}: {trial.error}"
     return ("before" if i == 0 else str(i), settings_text(trial.settings), predicted, rate, wait, status)
+
+
+def change_lines(changes: list[Change]) -> list[str]:
+    """Each knob turned, from what, to what and why; a group's predicted and measured speedups once (its knobs share
+    them)."""
+    lines, shown = [], None
+    for turned in changes:
+        pair = (turned.predicted_speedup, turned.measured_speedup)
+        lines.append(f"Changed {turned.knob}: {turned.before!r} -> {turned.after!r} ({turned.reason})"
+                     f"{checked(turned) if pair != shown else ''}")
+        shown = pair
+    return lines
 
 
 def checked(change: Change) -> str:

@@ -128,8 +128,10 @@ def _split_chart(report: Report) -> str:
 
 
 def _changes(report: Report) -> str:
-    rows = "".join(f"<li><b>{_e(c.knob)}</b>: {_e(c.before)} &rarr; {_e(c.after)} ({_e(c.reason)}){_e(checked(c))}"
-                   "</li>" for c in report.changes)
+    pairs = [(c.predicted_speedup, c.measured_speedup) for c in report.changes]
+    rows = "".join(f"<li><b>{_e(c.knob)}</b>: {_e(c.before)} &rarr; {_e(c.after)} ({_e(c.reason)})"
+                   f"{_e(checked(c)) if i == 0 or pairs[i] != pairs[i - 1] else ''}</li>"
+                   for i, c in enumerate(report.changes))
     old = ", ".join(f"{c.knob}={c.before!r}" for c in report.changes)
     diff = "".join(f"<span class='del'>- DataLoader(..., {_e(old)})</span>\n<span class='add'>+ {_e(code)}</span>\n"
                    for code in report.suggestions)
