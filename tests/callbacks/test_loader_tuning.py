@@ -70,7 +70,7 @@ def _rng_after_plain_fit(data, model_kwargs):
 
 
 def test_a_crashing_candidate_is_discarded_and_training_goes_on():
-    data = CrashingWorkers(n=256, delay_s=0.002)
+    data = CrashingWorkers(n=512, delay_s=0.002)  # 64 steps: room for a trial of any first count and its after-window
     plain, _ = fit([], data, epochs=1)
     callback = tuner(budget_s=30)
     tuned, trainer = fit([callback], data, epochs=1)
