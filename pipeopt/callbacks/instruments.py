@@ -56,12 +56,14 @@ class Instruments:
         self.epochs_s: list[float] = []  # wall time of each train epoch run to its end
         self._clock = clock
         self._epoch_start: float | None = None
+        self._samples: int | None = None  # samples in the batch in progress
 
     def batch_started(self, trainer: Any, batch: Any) -> None:
-        self.memory.batch_started(batch, batch_size(batch), _lightning.precision_of(trainer))
+        self._samples = batch_size(batch)  # walked once a batch: the timer counts the same batch at its end
+        self.memory.batch_started(batch, self._samples, _lightning.precision_of(trainer))
 
     def batch_ended(self, trainer: Any, batch: Any, stepped: bool) -> None:
-        self.timer.batch_ended(batch_size(batch), stepped)
+        self.timer.batch_ended(self._samples, stepped)
         if stepped:
             self.memory.after_step(trainer.optimizers)
 

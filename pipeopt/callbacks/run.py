@@ -181,7 +181,7 @@ class TuningRun:
         time = time_and_cost(report.before, report.after, steps_per_epoch=steps_per_epoch, planned_steps=planned,
                              epochs_measured_s=instruments.epochs_s, cost_per_hour=self._config.cost_per_hour)
         report.fit = fit_and_cost(
-            windows=windows, before=report.before, after=report.after, memory=instruments.memory.breakdown(),
+            windows=windows, after=report.after, memory=instruments.memory.breakdown(),
             memory_note=instruments.memory.unavailable, accumulate=_lightning.accumulation(trainer),
             device_memory_bytes=instruments.device_memory, memory_fraction=self._config.memory_fraction,
             shrunk=any(c.knob == "batch_size" and c.after < c.before for c in report.changes), time=time)

@@ -176,7 +176,7 @@ class FitAndCost:
                    window_limits=[(int(i), str(k)) for i, k in data.pop("window_limits")], **data)
 
 
-def fit_and_cost(*, windows: list[WindowStats], before: WindowStats | None, after: WindowStats | None,
+def fit_and_cost(*, windows: list[WindowStats], after: WindowStats | None,
                  memory: MemoryBreakdown | None, memory_note: str | None, accumulate: int,
                  device_memory_bytes: int | None, memory_fraction: float, shrunk: bool, time: TimeAndCost,
                  sizes: tuple[tuple[float, str], ...] | None = None) -> FitAndCost:
@@ -186,11 +186,10 @@ def fit_and_cost(*, windows: list[WindowStats], before: WindowStats | None, afte
     last = after or (windows[-1] if windows else None)
     peak = last.resources.peak_mem_bytes if last is not None else None
     reserved = last.resources.peak_reserved_bytes if last is not None else None
-    rows = fits_on(memory, accumulate=accumulate, peak=peak, sizes=sizes) if memory is not None else []
-    if memory is not None and device_memory_bytes:  # the device in use first: measured from its own peak, so the
-        here = fits_on(memory, accumulate=accumulate, peak=peak,  # run that just fitted on it reads as fitting
-                       sizes=((device_memory_bytes / _GIB, "this device"),))
-        rows.insert(0, here[0])
+    cards = sizes if sizes is not None else accelerator_sizes()
+    if device_memory_bytes:  # the device in use first: measured from its own peak, so the run that just fitted on
+        cards = ((device_memory_bytes / _GIB, "this device"), *cards)  # it reads as fitting
+    rows = fits_on(memory, accumulate=accumulate, peak=peak, sizes=cards) if memory is not None else []
     kind, why = limit(last, budget_bytes=budget, shrunk=shrunk) if last is not None else (None, None)
     return FitAndCost(memory=memory, memory_note=memory_note, device_memory_bytes=device_memory_bytes,
                       budget_bytes=budget, peak_bytes=peak, reserved_bytes=reserved, fits_on=rows, limit=kind,

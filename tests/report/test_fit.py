@@ -95,7 +95,7 @@ def test_the_section_puts_the_device_in_use_first_and_reads_its_peak():
     m = breakdown()
     after = make_window(index=2, data_wait_frac=0.05,
                         resources=ResourceFigures(peak_mem_bytes=int(7.5 * GIB), peak_reserved_bytes=8 * GIB))
-    section = fit_and_cost(windows=[make_window(), after], before=make_window(), after=after, memory=m,
+    section = fit_and_cost(windows=[make_window(), after], after=after, memory=m,
                            memory_note=None, accumulate=1, device_memory_bytes=8 * GIB, memory_fraction=0.9,
                            shrunk=False, time=time_and_cost(None, None, steps_per_epoch=None, planned_steps=None,
                                                             epochs_measured_s=[], cost_per_hour=None),

@@ -30,7 +30,7 @@ def fit_section(before, after):
                              micro_batch=32, precision="32-true", saved_tensors=120)
     time = time_and_cost(before, after, steps_per_epoch=500, planned_steps=5000, epochs_measured_s=[61.0, 48.5],
                          cost_per_hour=4.0)
-    return fit_and_cost(windows=[before, after], before=before, after=after, memory=memory, memory_note=None,
+    return fit_and_cost(windows=[before, after], after=after, memory=memory, memory_note=None,
                         accumulate=2, device_memory_bytes=None, memory_fraction=0.9, shrunk=False, time=time)
 
 
