@@ -14,7 +14,7 @@ VISION      ?= torch==2.14.1 torchvision==0.29.1
 DALI        ?= nvidia-dali-cuda120==2.4.0
 VPY         := $(VISION_VENV)/bin/python
 VISION_STAMP := $(VISION_VENV)/.pipeopt-installed
-DALI_TESTS  := tests/dali tests/callbacks/test_dali.py
+VISION_TESTS := tests/dali tests/callbacks/test_dali.py tests/apply/test_sample_cache_vision.py
 
 .PHONY: install browser demo test test-repeat test-lightning bench bench-dali clean
 
@@ -42,13 +42,13 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium could not be installed: the browser test will be skipped"
 
-# The suite, then the DALI tests where DALI and torchvision are installed (in .venv they skip and say so). That no
+# The suite, then the DALI and torchvision tests where both are installed (in .venv they skip and say so). That no
 # pipeopt code validates with `assert` (which `python -O` strips) is checked statically by tests/test_package.py.
 test: $(STAMP) $(VISION_STAMP) browser
 	$(PY) -m ruff check pipeopt tests benchmarks examples
 	$(PY) -m mypy
 	$(PY) -m pytest -q
-	$(VPY) -m pytest -q -p no:cacheprovider $(DALI_TESTS)
+	$(VPY) -m pytest -q -p no:cacheprovider $(VISION_TESTS)
 
 # `make test` N times on this clone, one line per run, then "P passed, F failed" (logs in .test-repeat/).
 # LOAD=1 keeps one CPU core busy with another process for the whole time, as a shared CI machine might.

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Union
 
 #: The knob groups pipeopt may turn. ``tune=()`` means observe only.
-TUNE_GROUPS: tuple[str, ...] = ("loader", "dali", "precision", "batch")
+TUNE_GROUPS: tuple[str, ...] = ("loader", "dali", "precision", "batch", "cache")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -53,6 +53,9 @@ class PipeOptConfig:
     cache: bool | Path = True
     stop_when_tuned: bool = False
     cost_per_hour: float | None = None
+    sample_cache_dir: Path | None = None
+    sample_cache_share: float = 0.5
+    keep_sample_cache: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen dataclass: normalise in place
@@ -84,3 +87,13 @@ class PipeOptConfig:
                                                or self.cost_per_hour == float("inf")):
             raise _bad("cost_per_hour", self.cost_per_hour,
                        "the price of one hour of this run's machines (a number > 0, any currency), or None")
+        if self.sample_cache_dir is not None:
+            if not isinstance(self.sample_cache_dir, (str, os.PathLike)) or str(self.sample_cache_dir) == "":
+                raise _bad("sample_cache_dir", self.sample_cache_dir,
+                           "a local disk directory for the sample cache, or None (under report_dir, sized by RAM)")
+            set_(self, "sample_cache_dir", Path(self.sample_cache_dir))
+        if not _is_number(self.sample_cache_share) or not 0 < self.sample_cache_share <= 1:
+            raise _bad("sample_cache_share", self.sample_cache_share,
+                       "the share of free memory (or of sample_cache_dir's free space) the cache may use, in (0, 1]")
+        if not isinstance(self.keep_sample_cache, bool):
+            raise _bad("keep_sample_cache", self.keep_sample_cache, "True or False")

@@ -35,3 +35,17 @@ def test_both_ranks_run_the_same_batch_plan_with_the_users_effective_batch(tmp_p
         assert tuned[rank]["accumulate"] == 2 and tuned[rank]["samples_per_step"] == plain[rank]["samples_per_step"]
     assert set(plain[0]["samples_per_step"]) == {8}
     assert ["batch_size", 4] in tuned[0]["changes"] and tuned[0]["changes"] == tuned[1]["changes"]
+
+
+def test_the_ranks_of_a_node_fill_one_store_and_both_keep_the_cache(tmp_path):
+    plain = run(tmp_path, "plain")
+    tuned = run(tmp_path, "cache")
+    for rank in (0, 1):
+        assert tuned[rank]["seen"] == plain[rank]["seen"]  # the DistributedSampler's shard, in its order
+        assert tuned[rank]["changes"] == [["cache", True]], tuned[rank]["notes"]
+        cache = tuned[rank]["cache"]
+        # each rank stored what its sampler gave it (its shard changes every epoch): together the whole data set,
+        # less at most the one batch each rank's own loader had in flight when the filling loader took over
+        assert 768 - 2 * 8 <= cache["stored"] <= 768 and cache["kept"], cache
+        assert cache["last_hit_rate"] == 1.0
+    assert tuned[0]["cache"]["directory"] == tuned[1]["cache"]["directory"]  # one store for the node

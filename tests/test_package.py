@@ -24,8 +24,8 @@ def test_no_code_outside_test_modules_checks_with_assert():
 #: The rooms from the bottom up: a room imports only rooms below it (anywhere in a module, inside functions too).
 #: Shared vocabulary and seams first; then measuring, judging, deciding, applying (DALI is one more way to apply:
 #: the loader switcher knows it only through ``apply.loader.LoaderSource``), reporting, and the two front doors.
-ROOMS = ["_version", "files", "config", "cache", "_dataloader", "_lightning", "measure", "verdict", "tuning", "apply",
-         "dali", "report", "callbacks", "cli", "__main__", "__init__"]
+ROOMS = ["_version", "files", "config", "cache", "_dataloader", "_torchvision", "_lightning", "measure", "verdict",
+         "tuning", "apply", "dali", "report", "callbacks", "cli", "__main__", "__init__"]
 
 
 def _room(module: str) -> str:

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from pipeopt import _dataloader, _lightning
 from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, draws_each_epoch, peek_seed
+from pipeopt.apply.sample_cache import SampleCache
 from pipeopt.tuning.loader_search import LoaderSettings
 
 _INIT_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
@@ -75,8 +76,10 @@ def build_loader(
     before_epoch: Callable[[], None] | None,
     generator: torch.Generator,
     timeout: float | None = None,
+    dataset: Any = None,
 ) -> DataLoader:
-    """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs."""
+    """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs; reading ``dataset``
+    (the user's, wrapped by the sample cache) instead of the user's when given."""
     if user.batch_sampler is not None:
         drawn: dict[str, Any] = {"batch_sampler": ResumingSampler(user.batch_sampler, first, before_epoch)}
     else:  # no automatic batching: the sampler yields single indices
@@ -89,6 +92,7 @@ def build_loader(
         generator=generator,
         prefetch_factor=settings.prefetch_factor,
         persistent_workers=settings.persistent_workers,
+        **({"dataset": dataset} if dataset is not None else {}),
         **drawn,
     )
 
@@ -113,6 +117,7 @@ def start_loader(
     first: Iterator[Any],
     generator: torch.Generator,
     timeout: float | None,
+    dataset: Any = None,
 ) -> tuple[Iterator[Any], DataLoader]:
     """Build a loader like ``user`` with ``settings`` that continues ``first``, and start its iterator - leaving the
     user's RNG untouched and its workers outside torch's SIGCHLD watch (a death surfaces in ``next()``)."""
@@ -121,7 +126,7 @@ def start_loader(
         # wait) and the measurement decides.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         loader = build_loader(user, settings, first=first, before_epoch=user_epoch_draw(user, generator),
-                              generator=generator, timeout=timeout)
+                              generator=generator, timeout=timeout, dataset=dataset)
         iterator = iter(loader)
         _dataloader.detach_worker_watch(iterator)
     return iterator, loader
@@ -152,7 +157,7 @@ def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
 class LoaderSwitcher:
     """Switches the running fit's train loader between settings, and back to the user's."""
 
-    def __init__(self, trainer: Any, *, dali: LoaderSource | None = None) -> None:
+    def __init__(self, trainer: Any, *, dali: LoaderSource | None = None, cache: SampleCache | None = None) -> None:
         combined = _lightning.train_combined_loader(trainer)
         if combined is None or len(combined.flattened) != 1:
             raise ValueError("loader switching needs exactly one train loader")
@@ -166,6 +171,7 @@ class LoaderSwitcher:
         self.current = self.user_settings
         self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
         self._dali = dali
+        self.cache = cache  # every DataLoader pipeopt builds fills it; settings with ``cache`` read from it
 
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], Any]:
@@ -173,7 +179,9 @@ class LoaderSwitcher:
             if self._dali is None:
                 raise ValueError(f"{settings.describe()} needs a DALI source; none was given to the switcher")
             return self._dali.start(self.user, settings.dali, first=stream, generator=self._generator)
-        return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout)
+        dataset = self.cache.dataset(read=settings.cache) if self.cache is not None else None
+        return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout,
+                            dataset=dataset)
 
     def _live_handover(self) -> Handover:
         live = _lightning.live_train_iterators(self._trainer)
@@ -215,6 +223,11 @@ class LoaderSwitcher:
         handover.add(iterator, loader)
         self._combined.flattened = [loader]
         self.current = settings
+
+    @property
+    def fills(self) -> bool:
+        """The installed loader fills the sample store (it is one of pipeopt's DataLoaders, and there is a store)."""
+        return self.cache is not None and not self.current.dali and self._installed() is not self.user
 
     def settle(self) -> None:
         """The current settings are kept: the user's fetch timeout and torch's worker watch apply again, to the

@@ -58,6 +58,11 @@ class Instruments:
         self._epoch_start: float | None = None
         self._samples: int | None = None  # samples in the batch in progress
 
+    @property
+    def batch_samples(self) -> int | None:
+        """Samples in the batch in progress (None: not counted)."""
+        return self._samples
+
     def batch_started(self, trainer: Any, batch: Any) -> None:
         self._samples = batch_size(batch)  # walked once a batch: the timer counts the same batch at its end
         self.memory.batch_started(batch, self._samples, _lightning.precision_of(trainer))

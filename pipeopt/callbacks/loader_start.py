@@ -63,7 +63,7 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     cpus = max(1, cpus_available() // max(1, trainer.num_devices))
     switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
     budget = Budget(cpus=cpus, memory_bytes=int(0.5 * psutil.virtual_memory().available), cuda=cuda,
-                    more_epochs=_more_epochs_ahead(trainer), may_change_workers="loader" in groups, dali=dali)
+                    more_epochs=more_epochs_ahead(trainer), may_change_workers="loader" in groups, dali=dali)
     windows = TrialWindows(meter.reset, config.window, config.window_s, _epoch_steps(trainer))
     session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, windows=windows, clock=clock,
                             say=say if trainer.is_global_zero else (lambda line: None),
@@ -98,7 +98,7 @@ def _steps_left(trainer: Any) -> Callable[[], int | None]:
     return lambda: None if planned is None else planned - trainer.global_step
 
 
-def _more_epochs_ahead(trainer: Any) -> bool:
+def more_epochs_ahead(trainer: Any) -> bool:
     """Whether the fit will cross at least one more epoch boundary (so worker start-up would recur)."""
     max_epochs = trainer.max_epochs
     if max_epochs not in (None, -1) and trainer.current_epoch + 1 >= max_epochs:

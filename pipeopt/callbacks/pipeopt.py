@@ -31,16 +31,17 @@ class PipeOpt(_lightning.JoinedCallback):
     (:mod:`pipeopt.report.metrics`).
 
     Args:
-        tune: knob groups pipeopt may turn, drawn from ``{"loader", "dali", "precision", "batch"}``;
-            ``()`` observes only. ``"dali"`` makes NVIDIA DALI one more candidate of the loader search, where it is
-            installed and can rebuild the train dataset (``pipeopt.dali``); otherwise it is skipped with the reason.
+        tune: knob groups pipeopt may turn, drawn from ``{"loader", "dali", "precision", "batch", "cache"}``;
+            ``()`` observes only. ``"dali"``: NVIDIA DALI as one more loader candidate, where it is installed and can
+            rebuild the train dataset. ``"cache"``: the sample cache (docs/cache.md), where the dataset is shown
+            deterministic. A group that cannot run is skipped, with the reason in the report.
         budget_s: wall-clock budget for all tuning trials, seconds (> 0).
         memory_fraction: share of device memory a tuned configuration may plan to use, in (0, 1].
         window: optimizer steps per measurement window (>= 2).
         window_s: trial and after windows last at least this many seconds (in steps at the measured pace), so a
             shared machine's second-to-second wobble averages out; 0 for ``window`` steps only.
         warmup: optimizer steps ignored at the start of fit (>= 0).
-        report_dir: directory for the JSON report; ``None`` writes no file.
+        report_dir: directory for the JSON and HTML reports; ``None`` writes no file.
         cache: reuse tuned configurations across runs (``True``: the default location, see
             :mod:`pipeopt.cache`; ``False``: off; or a file path). A run whose fingerprint (model, dataset,
             loader arguments, accelerator, CPUs, versions) matches applies the cached configuration at once,
@@ -48,6 +49,8 @@ class PipeOpt(_lightning.JoinedCallback):
         stop_when_tuned: stop the fit cleanly once tuning and its after-window are done (``pipeopt tune``).
         cost_per_hour: the price of an hour of the run's machines (any currency): the report then gives each epoch's
             and the fit's cost before and after tuning. No prices are built in.
+        sample_cache_dir, sample_cache_share, keep_sample_cache: the sample cache's place (default: under report_dir,
+            sized by free memory; or a disk directory, by its free space), its share of that, and whether it is kept.
         console: where the table is printed (default: a new ``rich.console.Console``).
         clock: host clock, seconds (injectable for tests).
 
@@ -55,19 +58,21 @@ class PipeOpt(_lightning.JoinedCallback):
     the instance's class joins the ``Callback`` of the one already imported, so pipeopt never imports the other.
     """
 
-    def __getstate__(self) -> dict[str, Any]:
-        """A console belongs to its process (it holds a lock): a spawned copy prints to a console of its own."""
+    def __getstate__(self) -> dict[str, Any]:  # a console holds a lock: a spawned copy prints to its own
         return {**self.__dict__, "_console": None}
 
     def __init__(self, *, tune: Collection[str] = TUNE_GROUPS, budget_s: float = 60.0, memory_fraction: float = 0.9,
                  window: int = 20, window_s: float = 1.0, warmup: int = 5,
                  report_dir: PathLike | None = "pipeopt_reports", cache: bool | PathLike = True,
-                 stop_when_tuned: bool = False, cost_per_hour: float | None = None, console: Console | None = None,
+                 stop_when_tuned: bool = False, cost_per_hour: float | None = None,
+                 sample_cache_dir: PathLike | None = None, sample_cache_share: float = 0.5,
+                 keep_sample_cache: bool = False, console: Console | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = PipeOptConfig(  # validates; makes `tune` a frozenset and paths Paths (hence the ignore)
             tune=tune, budget_s=budget_s, memory_fraction=memory_fraction, window=window,  # type: ignore[arg-type]
             window_s=window_s, warmup=warmup, report_dir=report_dir, cache=cache,  # type: ignore[arg-type]
-            stop_when_tuned=stop_when_tuned, cost_per_hour=cost_per_hour)
+            stop_when_tuned=stop_when_tuned, cost_per_hour=cost_per_hour, sample_cache_dir=sample_cache_dir,  # type: ignore[arg-type]
+            sample_cache_share=sample_cache_share, keep_sample_cache=keep_sample_cache)
         self._console = console
         self._clock = clock
         self.report: Report | None = None
@@ -89,8 +94,7 @@ class PipeOpt(_lightning.JoinedCallback):
         self.report = self.report_path = self.html_path = self.cache_path = None
         self._trainer = trainer
         self._instruments = Instruments(trainer, self.config, self._clock, self._on_window)
-        self._run = TuningRun(self.config, self._instruments.meter, clock=self._clock, say=self._say,
-                              agree=self._agree)
+        self._run = TuningRun(self.config, self._instruments, clock=self._clock, say=self._say, agree=self._agree)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._run is not None:
@@ -180,9 +184,7 @@ class PipeOpt(_lightning.JoinedCallback):
             self.report_path, self.html_path = publish(report, console=self._console,
                                                        report_dir=self.config.report_dir)
 
-    @property
-    def state_key(self) -> str:
-        return "PipeOpt"
+    state_key = property(lambda self: "PipeOpt")
 
     def state_dict(self) -> dict[str, Any]:
         """What tuning kept, so a run resumed from this checkpoint applies it without trials."""

@@ -1,6 +1,7 @@
 """One fit's tuning, behind the callback: the groups in their order - the loader search, then the micro-batch plan,
-then precision - which window goes to which, when tuning is over, and what the run kept (for the report, the
-cache and checkpoints). Lightning reaches it only through ``PipeOpt``'s hooks."""
+then precision, then the sample cache (once its store is warm) - which window goes to which, when tuning is over,
+and what the run kept (for the report, the cache and checkpoints). Lightning reaches it only through ``PipeOpt``'s
+hooks."""
 
 from __future__ import annotations
 
@@ -11,24 +12,27 @@ from pipeopt import _lightning
 from pipeopt._lightning import rank_zero_warn
 from pipeopt.apply.loader import LoaderSwitcher
 from pipeopt.cache import TunedCache
+from pipeopt.callbacks.cache_start import CacheLedger, start_cache_session
 from pipeopt.callbacks.instruments import Instruments
-from pipeopt.callbacks.loader_start import start_loader_session
+from pipeopt.callbacks.loader_start import more_epochs_ahead, start_loader_session
 from pipeopt.callbacks.start_tuning import BatchTuning, PrecisionTuning
 from pipeopt.config import PipeOptConfig
-from pipeopt.measure.window import WindowMeter, WindowStats
+from pipeopt.measure.window import WindowStats
 from pipeopt.report.assemble import assemble
 from pipeopt.report.fit import fit_and_cost, time_and_cost
 from pipeopt.report.model import Report, Skipped
 from pipeopt.tuning.agreement import ReduceMax
+from pipeopt.tuning.cache_session import CacheSession
 from pipeopt.tuning.session import LoaderSession
 
 
 class TuningRun:
     """Started at train start with what the fit may tune; fed each trained batch and each measured window."""
 
-    def __init__(self, config: PipeOptConfig, meter: WindowMeter, *, clock: Callable[[], float],
+    def __init__(self, config: PipeOptConfig, instruments: Instruments, *, clock: Callable[[], float],
                  say: Callable[[str], None], agree: ReduceMax) -> None:
-        self._config, self._meter, self._clock, self._say, self._agree = config, meter, clock, say, agree
+        self._config, self._clock, self._say, self._agree = config, clock, say, agree
+        self._instruments, self._meter = instruments, instruments.meter
         self.skipped: list[Skipped] = []
         self.session: LoaderSession | None = None
         self.switcher: LoaderSwitcher | None = None
@@ -36,6 +40,8 @@ class TuningRun:
         self.cache_key: str | None = None
         self.precision: PrecisionTuning | None = None
         self.batch: BatchTuning | None = None
+        self.sample_cache: CacheSession | None = None
+        self._ledger = CacheLedger()  # the sample cache's hit rate, an epoch at a time
         self._user_setup: tuple[list[Any], int, Any] | None = None  # restored if the fit fails
         self._epoch_steps: tuple[int | None, int | None] = (None, None)  # per epoch and for the fit, at its start
         self._done_at_window: int | None = None
@@ -61,6 +67,13 @@ class TuningRun:
             if start is not None:
                 self.session, self.switcher, self.cache, self.cache_key = (start.session, start.switcher,
                                                                             start.cache, start.cache_key)
+        if "cache" in cfg.tune:
+            started = start_cache_session(trainer, cfg, meter, self.switcher, say=self._say, agree=self._agree,
+                                          restored=restored, more_epochs=more_epochs_ahead(trainer), short=short)
+            if isinstance(started, str):  # in the report; no warning: the cache is a bonus a dataset may not allow
+                self.skip("cache", started, warn=False)
+            else:
+                self.sample_cache, self.switcher = started
         plan = self.batch
         if plan is not None and plan.choice is not None and self._loader_settled:
             plan.begin(trainer, 0)  # the checkpoint's plan, from the first batch (the loader is settled)
@@ -105,10 +118,12 @@ class TuningRun:
 
     def epoch_ended(self) -> None:
         if self.switcher is not None:
+            self._ledger.epoch_ended(self.switcher.cache, self.switcher.current.cache)
             self.switcher.end_of_epoch()
 
     def batch_ended(self, trainer: Any, outputs: Any) -> None:
         """A trained batch, before the timer counts it."""
+        self._ledger.samples += self._instruments.batch_samples or 0
         if self.precision is not None:
             self.precision.on_batch_end(trainer, outputs)
         if self.batch is not None:
@@ -116,6 +131,9 @@ class TuningRun:
 
     def step_ended(self, trainer: Any, stepped: bool, windows: int) -> None:
         """After the timer counted the batch; ``stepped``: an optimizer step ended with it."""
+        cache = self.sample_cache
+        if cache is not None and cache.measuring:  # first: a failure of its trial's loader is its to judge
+            cache.on_step_end()
         if self.session is not None:
             self.session.on_step_end()
         if not stepped:
@@ -133,6 +151,9 @@ class TuningRun:
                 self.skip("batch", reason)
         if precision is not None and precision.state == "waiting" and (plan is None or plan.decided):
             precision.begin(windows)
+        if cache is not None and not cache.started and all(g.decided for g in (plan, precision) if g is not None):
+            search = self.session.search if self.session is not None else None
+            cache.begin(search.baseline.data_wait_frac if search is not None else None)
 
     def on_window(self, stats: WindowStats) -> None:
         """A window closed: it belongs to the group measuring now."""
@@ -142,6 +163,8 @@ class TuningRun:
             self.batch.on_window(stats)
         elif self.precision is not None and self.precision.measuring:
             self.precision.on_window(stats)
+        elif self.sample_cache is not None and self.sample_cache.measuring:
+            self.sample_cache.on_window(stats)
 
     def finished(self, windows: int) -> bool:
         """Tuning is over and a window was measured after it (the session's own after-window counts)."""
@@ -149,6 +172,11 @@ class TuningRun:
             return False
         if not all(g.decided for g in (self.batch, self.precision) if g is not None):
             return False
+        cache = self.sample_cache
+        if cache is not None and cache.state != "done":
+            return False
+        if cache is not None and cache.after is not None:
+            return True
         after_from = self.after_from
         if after_from is not None:
             return windows > after_from  # a window measured after the last decision
@@ -172,11 +200,15 @@ class TuningRun:
 
     def report(self, trainer: Any, windows: list[WindowStats], instruments: Instruments) -> Report:
         current = self.switcher.current.describe() if self.switcher is not None else None
+        cache = self.sample_cache
         report = assemble(windows=windows, environment=instruments.environment, skipped=self.skipped,
                           steps_measured=instruments.meter.steps_seen,
                           dropped_partial=instruments.timer.dropped_partial, session=self.session,
                           current_loader=current, precision=self.precision.outcome() if self.precision else None,
-                          batch=self.batch.outcome() if self.batch else None, after_from=self.after_from)
+                          batch=self.batch.outcome() if self.batch else None, after_from=self.after_from,
+                          cache=cache.outcome if cache is not None else None,
+                          cache_after=cache.after if cache is not None else None)
+        report.sample_cache = self._ledger.figures(self.switcher.cache if self.switcher else None, cache)
         steps_per_epoch, planned = self._epoch_steps
         time = time_and_cost(report.before, report.after, steps_per_epoch=steps_per_epoch, planned_steps=planned,
                              epochs_measured_s=instruments.epochs_s, cost_per_hour=self._config.cost_per_hour)
@@ -210,6 +242,9 @@ class TuningRun:
         for group in (self.precision, self.batch):
             if group is not None:
                 tuned.update(group.state_dict())
+        cache = self.sample_cache
+        if cache is not None and cache.state == "done":
+            tuned["cache"] = cache.kept.as_kwargs() if cache.kept else None
         return tuned
 
     def close(self, trainer: Any, *, failed: bool) -> None:
@@ -219,3 +254,5 @@ class TuningRun:
             _lightning.restore_train_setup(trainer, self._user_setup)
         if self.switcher is not None:
             self.switcher.close()
+            if self.switcher.cache is not None:  # after the workers that read it stopped
+                self.switcher.cache.close()

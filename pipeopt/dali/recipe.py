@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeopt._torchvision import flatten, folder_class, is_transform, name, unwrap_subsets
+
 #: File types DALI's image decoder reads (torchvision's default loader reads these through PIL too).
 DECODABLE = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".pnm", ".ppm", ".pgm", ".pbm", ".webp",
                        ".jp2"})
@@ -85,9 +87,9 @@ class Recipe:
 def translate(dataset: Any, collate_fn: Any = None) -> Recipe:
     """The DALI recipe for ``dataset`` (batched with ``collate_fn``), or ``Untranslatable`` saying why not."""
     if collate_fn is not None and not _is_default_collate(collate_fn):
-        raise Untranslatable(f"the loader's collate_fn ({_name(collate_fn)}) is custom; DALI batches with the default "
+        raise Untranslatable(f"the loader's collate_fn ({name(collate_fn)}) is custom; DALI batches with the default "
                              "collation only")
-    base, indices = _unwrap_subsets(dataset)
+    base, indices = unwrap_subsets(dataset)
     _check_folder_dataset(base)
     samples = base.samples
     chosen = tuple((str(samples[i][0]), int(samples[i][1])) for i in indices) if indices is not None else tuple(
@@ -104,18 +106,8 @@ def translate(dataset: Any, collate_fn: Any = None) -> Recipe:
 
 
 # -- the dataset ----------------------------------------------------------------------------------------------
-def _unwrap_subsets(dataset: Any) -> tuple[Any, list[int] | None]:
-    indices: list[int] | None = None
-    while _is(dataset, "Subset", "torch.utils.data"):
-        inner = [int(i) for i in dataset.indices]
-        indices = inner if indices is None else [inner[i] for i in indices]
-        dataset = dataset.dataset
-    return dataset, indices
-
-
 def _check_folder_dataset(dataset: Any) -> None:
-    folder: Any = next((c for c in type(dataset).__mro__
-                   if c.__name__ == "DatasetFolder" and c.__module__.startswith("torchvision.datasets")), None)
+    folder = folder_class(dataset)
     if folder is None:
         raise Untranslatable(f"the dataset is a {type(dataset).__name__}, not a torchvision ImageFolder / "
                              "DatasetFolder (or a Subset of one)")
@@ -124,32 +116,26 @@ def _check_folder_dataset(dataset: Any) -> None:
     loader = getattr(dataset, "loader", None)
     if not (getattr(loader, "__module__", "").startswith("torchvision.datasets")
             and getattr(loader, "__name__", "") in ("default_loader", "pil_loader")):
-        raise Untranslatable(f"the dataset reads images with a custom loader ({_name(loader)}); DALI decodes files "
+        raise Untranslatable(f"the dataset reads images with a custom loader ({name(loader)}); DALI decodes files "
                              "as torchvision's default loader does (RGB) only")
     if getattr(dataset, "target_transform", None) is not None:
-        raise Untranslatable(f"the dataset has a target_transform ({_name(dataset.target_transform)}); labels are "
+        raise Untranslatable(f"the dataset has a target_transform ({name(dataset.target_transform)}); labels are "
                              "passed through unchanged only")
     if dataset.transform is None:
         raise Untranslatable("the dataset has no transform: its samples are PIL images, which DALI does not return")
 
 
 # -- the transform chain --------------------------------------------------------------------------------------
-def _flatten(transform: Any) -> list[Any]:
-    if _is_transform(transform, "Compose"):
-        return [t for inner in transform.transforms for t in _flatten(inner)]
-    return [transform]
-
-
 def _chain(transform: Any, samples: tuple[tuple[str, int], ...]) -> Recipe:
     """Walk the chain with the pixels' current form: "pil" (HWC uint8), "uint8" (CHW tensor) or "float"."""
     form = "pil"
     geometry: list[Geometry] = []
     flip = 0.0
     scale, mean, std = 1.0, None, None
-    for t in _flatten(transform):
-        kind = type(t).__name__ if _is_transform(t) else None
+    for t in flatten(transform):
+        kind = type(t).__name__ if is_transform(t) else None
         if kind is None:
-            raise Untranslatable(f"the transform {_name(t)} is not a torchvision transform DALI can replace")
+            raise Untranslatable(f"the transform {name(t)} is not a torchvision transform DALI can replace")
         if mean is not None and kind != "Normalize":
             raise Untranslatable(f"{kind} after Normalize is not supported")
         if kind in ("Resize", "RandomResizedCrop", "CenterCrop"):
@@ -216,10 +202,10 @@ def _pair(size: Any, kind: str) -> tuple[int, int]:
 
 def _interp(t: Any, kind: str) -> str:
     mode = getattr(t, "interpolation", None)
-    name = str(getattr(mode, "value", mode)).lower()
-    if name not in INTERPOLATION:
-        raise Untranslatable(f"{kind}(interpolation={name}) is not supported (bilinear, nearest or bicubic)")
-    return INTERPOLATION[name]
+    mode_name = str(getattr(mode, "value", mode)).lower()
+    if mode_name not in INTERPOLATION:
+        raise Untranslatable(f"{kind}(interpolation={mode_name}) is not supported (bilinear, nearest or bicubic)")
+    return INTERPOLATION[mode_name]
 
 
 def _to_float(kind: str, t: Any, form: str, scale: float) -> tuple[str, float]:
@@ -237,21 +223,6 @@ def _to_float(kind: str, t: Any, form: str, scale: float) -> tuple[str, float]:
 
 
 # -- recognising objects by class and module --------------------------------------------------------------------
-def _is(obj: Any, name: str, module: str) -> bool:
-    return any(c.__name__ == name and c.__module__.startswith(module) for c in type(obj).__mro__)
-
-
-def _is_transform(obj: Any, name: str | None = None) -> bool:
-    cls = type(obj)
-    if not cls.__module__.startswith("torchvision.transforms"):
-        return False
-    return name is None or cls.__name__ == name
-
-
 def _is_default_collate(fn: Any) -> bool:
     return getattr(fn, "__name__", "") == "default_collate" and getattr(fn, "__module__", "").startswith(
         "torch.utils.data")
-
-
-def _name(obj: Any) -> str:
-    return getattr(obj, "__qualname__", None) or type(obj).__qualname__

@@ -16,9 +16,11 @@ from pipeopt.verdict import judge
 
 def assemble(*, windows: Sequence[WindowStats], environment: Environment, skipped: Sequence[Skipped],
              steps_measured: int, dropped_partial: int, session: LoaderSession | None, current_loader: str | None,
-             precision: Outcome | None, batch: Outcome | None, after_from: int | None) -> Report:
+             precision: Outcome | None, batch: Outcome | None, after_from: int | None,
+             cache: Outcome | None = None, cache_after: WindowStats | None = None) -> Report:
     """The report of a fit. ``after_from``: the windows measured before the last group's decision (the next one is
-    after every change); ``current_loader``: the settings the run ended with."""
+    after every change); ``current_loader``: the settings the run ended with; ``cache_after``: the sample cache's
+    after-window, measured after every change when the cache was kept (it decides last)."""
     notes = _measurement_notes(windows, dropped_partial)
     before, after, extra = _loader_part(windows, session, current_loader, notes)
     changed = any(o is not None and o.changes for o in (precision, batch))
@@ -30,7 +32,12 @@ def assemble(*, windows: Sequence[WindowStats], environment: Environment, skippe
         for key, items in (("changes", outcome.changes), ("suggestions", outcome.suggestions)):
             extra[key] = [*items, *extra.get(key, [])] if first else [*extra.get(key, []), *items]
         notes.extend(outcome.notes)
-    tuned = session is not None or precision is not None or batch is not None
+    if cache is not None:  # decided last: its rows after the others
+        extra["changes"] = [*extra.get("changes", []), *cache.changes]
+        notes.extend(cache.notes)
+        if cache.changes and cache_after is not None:
+            after = cache_after
+    tuned = session is not None or precision is not None or batch is not None or cache is not None
     return Report(mode="tune" if tuned else "observe", environment=environment, before=before, after=after,
                   verdict=judge(before) if before else None, skipped=list(skipped), notes=notes,
                   timeline=list(windows), steps_measured=steps_measured, **extra)

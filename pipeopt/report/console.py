@@ -11,7 +11,7 @@ from rich.text import Text
 
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.fit import FitAndCost
-from pipeopt.report.model import Report, Trial
+from pipeopt.report.model import Report, SampleCacheFigures, Trial
 from pipeopt.tuning.findings import Change
 
 Row = tuple[str, Callable[[WindowStats], "float | None"], Callable[[float], str]]
@@ -107,7 +107,25 @@ def render(report: Report) -> Group:
     parts.append(Panel(lines, expand=False))
     if report.fit is not None:
         parts.append(fit_section(report, report.fit))
+    if report.sample_cache is not None:
+        parts.append(Panel("\n".join(cache_lines(report.sample_cache)), title="Sample cache", expand=False))
     return Group(*parts)
+
+
+def cache_lines(cache: SampleCacheFigures) -> list[str]:
+    """The sample cache in words: what it holds, its size, what filling it cost, its trial, each epoch's hits."""
+    lines = [f"Cached: {cache.cached}; {'kept: the run ended reading from it' if cache.kept else 'not kept'}",
+             f"Stored {cache.stored:,} of {cache.length:,} items, {size_text(cache.bytes_used)} of a "
+             f"{size_text(cache.budget_bytes)} budget, in {cache.directory}"]
+    per = cache.fill_ms_per_sample
+    lines.append(f"Fill cost: {cache.fill_s:.2f} s of CPU in all" + (f" ({per:.3f} ms an item to encode and write)"
+                                                                       if per is not None else ""))
+    if cache.trial_speedup is not None:
+        lines.append(f"Best cached trial: {cache.trial_speedup:.2f}x the window before it")
+    for row in cache.epochs:
+        hits = f"hit rate {row['hit_rate']:.1%}" if row["hit_rate"] is not None else "not read (filling)"
+        lines.append(f"Epoch {row['epoch']}: {row['samples']:,} samples, {row['misses']:,} made and stored, {hits}")
+    return lines
 
 
 def _trials_table(report: Report) -> Table:
@@ -175,8 +193,11 @@ def settings_text(settings: dict[str, object]) -> str:
         parts.append("persistent")
     if settings.get("pin_memory"):
         parts.append("pinned")
+    if settings.get("cache"):
+        parts.append("sample cache")
     parts += [f"{k}={v}" for k, v in settings.items()
-              if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory") and v is not None]
+              if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "cache")
+              and v is not None]
     return ", ".join(parts)
 
 

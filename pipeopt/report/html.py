@@ -10,6 +10,7 @@ from pipeopt.files import write_atomic
 from pipeopt.measure.window import WindowStats
 from pipeopt.report.console import (
     ROWS,
+    cache_lines,
     checked,
     health_line,
     memory_lines,
@@ -61,6 +62,9 @@ def render_html(report: Report) -> str:
     parts += ["<h2>Over the run</h2>", _timeline(report)]
     if report.fit is not None:
         parts += ["<h2>Fit and cost</h2>", _fit_section(report, report.fit)]
+    if report.sample_cache is not None:
+        parts += ["<h2>Sample cache</h2><ul>"
+                  + "".join(f"<li>{_e(line)}</li>" for line in cache_lines(report.sample_cache)) + "</ul>"]
     extra = [f"Skipped {s.group}: {s.reason}" for s in report.skipped] + list(report.notes)
     if extra:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in extra) + "</ul>")

@@ -11,9 +11,9 @@ from pipeopt.report.fit import FitAndCost
 from pipeopt.tuning.findings import Change
 from pipeopt.verdict import Verdict
 
-SCHEMA_VERSION = 3
-#: Older versions ``from_dict`` still reads (they have no "fit" section).
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+#: Older versions ``from_dict`` still reads (they have no "fit" section before 3, no "sample_cache" before 4).
+READABLE_VERSIONS = (1, 2, 3, 4)
 MAX_TIMELINE = 512
 
 
@@ -59,6 +59,29 @@ def _speedup(before: WindowStats | None, after: WindowStats | None) -> float | N
     return after.steps_per_s / before.steps_per_s
 
 
+@dataclass
+class SampleCacheFigures:
+    """The sample cache of a fit: what it holds, what filling it cost, how often an epoch found its samples there.
+    ``epochs``: one row an epoch - ``epoch``, ``reading`` (the loader read from the store at its end), ``samples``
+    trained, ``misses`` (samples made because the store did not have them) and ``hit_rate`` (None when not
+    reading)."""
+
+    cached: str  # what of each item is cached
+    directory: str
+    kept: bool  # the run ended reading from it
+    stored: int
+    length: int
+    bytes_used: int
+    budget_bytes: int
+    fill_s: float  # CPU time encoding and writing the stored items cost, summed over the processes that filled it
+    trial_speedup: float | None  # the best cached trial over the window before it
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def fill_ms_per_sample(self) -> float | None:
+        return 1000.0 * self.fill_s / self.stored if self.stored else None
+
+
 def thin(windows: list[WindowStats], limit: int = MAX_TIMELINE) -> list[WindowStats]:
     """At most ``limit`` windows, evenly spread, always keeping the first and the last."""
     if len(windows) <= limit:
@@ -85,6 +108,7 @@ class Report:
     timeline: list[WindowStats] = field(default_factory=list)
     steps_measured: int = 0
     fit: FitAndCost | None = None  # memory breakdown, the cards it fits, what limits it, time and cost
+    sample_cache: SampleCacheFigures | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -125,6 +149,7 @@ class Report:
             "steps_measured": self.steps_measured,
             "timeline": [w.to_dict() for w in timeline],
             "fit": fit,
+            "sample_cache": asdict(self.sample_cache) if self.sample_cache else None,
         }
 
     @classmethod
@@ -159,5 +184,6 @@ class Report:
             timeline=[WindowStats.from_dict(w) for w in data["timeline"]],
             steps_measured=data["steps_measured"],
             fit=FitAndCost.from_dict(data["fit"]) if data.get("fit") else None,
+            sample_cache=SampleCacheFigures(**data["sample_cache"]) if data.get("sample_cache") else None,
             created=data["created"],
         )

@@ -51,6 +51,7 @@ class LoaderSettings:
     persistent_workers: bool
     pin_memory: bool
     dali: str | None = None  # DALI decodes instead of a DataLoader: on "cpu" or "mixed" (GPU); the rest unused
+    cache: bool = False  # the workers read the deterministic part of each sample from pipeopt's sample store
 
     @classmethod
     def of(cls, loader: Any) -> LoaderSettings:
@@ -89,6 +90,8 @@ class LoaderSettings:
         if self.num_workers > 0:
             parts += [f"prefetch_factor={self.prefetch_factor}", f"persistent_workers={self.persistent_workers}"]
         parts.append(f"pin_memory={self.pin_memory}")
+        if self.cache:
+            parts.append("sample cache")
         return ", ".join(parts)
 
 

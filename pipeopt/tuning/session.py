@@ -194,7 +194,7 @@ class LoaderSession:
         if failure is not None:  # a loader failed and was replaced; judged when the window closes
             self._failure = failure
             if self.state is Phase.DONE:
-                self.notes.append(f"after tuning, the loader's workers failed ({_first_line(self._failure)}); "
+                self.notes.append(f"after tuning, the loader's workers failed ({first_line(self._failure)}); "
                                   f"the run continued with {self._switcher.current.describe()}")
                 self._failure = None
         if self._pending is None or self.state is Phase.DONE:
@@ -222,7 +222,7 @@ class LoaderSession:
         if search is None or self._trial is None:
             raise RuntimeError("pipeopt: a trial window arrived without a trial")
         if agreed.failed:
-            error = _first_line(failure) if failure is not None else "a loader worker failed on another rank"
+            error = first_line(failure) if failure is not None else "a loader worker failed on another rank"
             search.record(Trial(self._trial, None, error=error))
             self._say(f"trial {len(search.trials) - 1}: {self._trial.describe()} failed ({error}); "
                       f"continuing with {self._switcher.fallback.describe()}")
@@ -279,7 +279,7 @@ class LoaderSession:
         self.after = stats
         if agreed.failed:
             self._revert(f"the chosen loader's workers failed in the after-window "
-                         f"({_first_line(failure) if failure else 'on another rank'})")
+                         f"({first_line(failure) if failure else 'on another rank'})")
             return
         self._after_rates.append(agreed.rate)
         before = self.before_rate
@@ -340,7 +340,7 @@ class LoaderSession:
         failure = self._failure or self._switcher.take_failure()
         self._failure = None
         if self.state is Phase.TRIAL and failure is not None and self.search is not None and self._trial is not None:
-            self.search.record(Trial(self._trial, None, error=_first_line(failure)))
+            self.search.record(Trial(self._trial, None, error=first_line(failure)))
 
     def verify_cached(self, settings: LoaderSettings | None, expected_rate: float) -> None:
         """Apply a configuration cached by an earlier run and check it with one window against the rate it had
@@ -455,7 +455,7 @@ def _kept_reasons(user: LoaderSettings, before: Rate | None, chosen: Trial) -> C
     return reason
 
 
-def _first_line(err: BaseException | None) -> str:
+def first_line(err: BaseException | None) -> str:
     """An error in one line: its first, and - for errors re-raised from a worker, whose message is a
     traceback - the original exception on its last."""
     if err is None:

@@ -64,6 +64,18 @@ def test_trial_settings_read_as_a_user_would_say_them():
     user = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
     assert settings_text(user.as_kwargs()) == "main process"
     assert settings_text(LoaderSettings.dali_on("mixed").as_kwargs()) == "DALI (mixed decoding)"
+    cached = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True, pin_memory=False, cache=True)
+    assert settings_text(cached.as_kwargs()) == "2 workers, prefetch 2, persistent, sample cache"
+    assert settings_text(user.as_kwargs()) == "main process"  # no "cache=False"
+
+
+def test_sample_cache_section():
+    flat = " ".join(rendered(full_report()).replace("│", " ").split())
+    for words in ("Sample cache", "Cached: each image read and decoded (uint8); kept: the run ended reading from it",
+                  "Stored 96 of 96 items, 3.0 MiB of a 1.00 GiB budget", "Fill cost: 0.25 s of CPU in all",
+                  "Best cached trial: 1.60x the window before it", "Epoch 0: 96 samples, 96 made and stored, not read",
+                  "Epoch 1: 96 samples, 0 made and stored, hit rate 100.0%"):
+        assert words in flat, words
 
 
 def test_fit_and_cost_section():

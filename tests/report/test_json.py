@@ -7,7 +7,7 @@ from pipeopt.measure.memory import MemoryBreakdown
 from pipeopt.measure.resources import ResourceFigures
 from pipeopt.report.fit import fit_and_cost, time_and_cost
 from pipeopt.report.json_io import SCHEMA_PATH, read_report, write_report
-from pipeopt.report.model import Change, Environment, Report, Skipped, Trial, thin
+from pipeopt.report.model import Change, Environment, Report, SampleCacheFigures, Skipped, Trial, thin
 from pipeopt.verdict import judge
 from tests.helpers import make_window
 
@@ -46,6 +46,11 @@ def full_report():
         skipped=[Skipped("dali", "DALI is not installed")], notes=["a note"], timeline=[before, after],
         steps_measured=45,
         suggestions=["DataLoader(..., num_workers=2)"], predicted_speedup=1.9, fit=fit_section(before, after),
+        sample_cache=SampleCacheFigures(
+            cached="each image read and decoded (uint8)", directory="/tmp/store", kept=True, stored=96, length=96,
+            bytes_used=3 * 2**20, budget_bytes=2**30, fill_s=0.25, trial_speedup=1.6,
+            epochs=[dict(epoch=0, reading=False, samples=96, misses=96, hit_rate=None),
+                    dict(epoch=1, reading=True, samples=96, misses=0, hit_rate=1.0)]),
     )
 
 
@@ -58,6 +63,8 @@ def test_written_report_matches_the_schema_and_reads_back(tmp_path):
     assert data["predicted_speedup"] == pytest.approx(1.9)  # the change's own prediction, beside the measurement
     assert data["prediction_error"] == pytest.approx(0.05)  # |1.9 - 2.0| / 2.0
     assert data["trials"][0]["predicted_samples_per_s"] == 600.0
+    assert data["sample_cache"]["epochs"][1]["hit_rate"] == 1.0
+    assert read_report(path).sample_cache == report.sample_cache
     assert data["fit"]["memory"]["params_bytes"] == 400 * 2**20 and data["fit"]["time"]["fit_saving"] > 0
     assert read_report(path) == report
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
@@ -86,14 +93,14 @@ def test_a_version_1_report_reads_with_its_one_predicted_speedup_split_in_two(tm
 def test_a_version_2_report_reads_without_a_fit_section(tmp_path):
     data = full_report().to_dict()
     data["schema_version"] = 2
-    del data["fit"]
+    del data["fit"], data["sample_cache"]
     for window in [data["before"], data["after"], *data["timeline"]]:
         for key in ("peak_reserved_bytes", "gpu_temp_c", "gpu_throttle"):
             del window["resources"][key]
     path = tmp_path / "v2.json"
     path.write_text(json.dumps(data))
     report = read_report(path)
-    assert report.fit is None and report.after.resources.gpu_temp_c is None
+    assert report.fit is None and report.after.resources.gpu_temp_c is None and report.sample_cache is None
 
 
 def test_a_foreign_schema_version_is_refused(tmp_path):

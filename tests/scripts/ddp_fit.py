@@ -1,13 +1,14 @@
 """A 2-rank CPU DDP fit (gloo), run as its own process: Lightning's `ddp` strategy relaunches this script for
 rank 1, which under pytest would relaunch the test session.
 
-    python tests/scripts/ddp_fit.py OUT_DIR {pipeopt|batch|plain}
+    python tests/scripts/ddp_fit.py OUT_DIR {pipeopt|batch|cache|plain}
 
 Each rank writes OUT_DIR/<mode>-rank<r>.json: the samples it saw, its final loader settings and its trials.
 ``pipeopt`` tunes the loader in a controlled world where any worker count measures 3x the main process
 (``pipeopt.tuning.noise.window_rate``), so a change must be kept - the same one on both ranks. ``batch`` tunes
 micro-batch x accumulation (and the loader) against an injected device memory of 1000 bytes, where a step peaks
-at 200 bytes per sample of its micro-batch: the user's 8 do not fit, 4 x 2 does.
+at 200 bytes per sample of its micro-batch: the user's 8 do not fit, 4 x 2 does. ``cache`` tunes the sample cache
+in a world where reading from the store measures 3x, so each rank's store is filled with its shard and kept.
 """
 
 import io
@@ -41,8 +42,10 @@ def main() -> None:
     callbacks: list = []
     if mode == "pipeopt":
         noise.window_rate = lambda stats, settings: Rate(300.0 if settings.num_workers else 100.0, 0.01)
-    if mode in ("pipeopt", "batch"):
-        tune = ("loader",) if mode == "pipeopt" else ("batch", "loader")
+    if mode == "cache":
+        noise.window_rate = lambda stats, settings: Rate(300.0 if settings.cache else 100.0, 0.01)
+    if mode in ("pipeopt", "batch", "cache"):
+        tune = {"pipeopt": ("loader",), "batch": ("batch", "loader"), "cache": ("cache",)}[mode]
         if mode == "batch":
             batch_apply.MEMORY = TightMemory(per_sample=200)
         callbacks.append(PipeOpt(tune=tune, window=4, window_s=0, warmup=2, budget_s=3, report_dir=out / "reports",
@@ -68,6 +71,10 @@ def main() -> None:
         "accumulate": trainer.accumulate_grad_batches,
         "samples_per_step": counter.per_step,
     }
+    figures = callbacks[0].report.sample_cache if mode != "plain" else None
+    if figures is not None:
+        result["cache"] = {"stored": figures.stored, "directory": figures.directory, "kept": figures.kept,
+                           "last_hit_rate": figures.epochs[-1]["hit_rate"]}
     (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(result))
     end_process_group()
 

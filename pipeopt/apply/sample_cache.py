@@ -1,0 +1,248 @@
+"""The deterministic part of each sample, made once and then read from a store every process shares.
+
+``plan(dataset)`` splits ``dataset[i]`` into a part to cache and a part to run every time, or says why it cannot:
+
+- torchvision ``ImageFolder`` / ``DatasetFolder`` (and ``Subset`` of one): the file read and decode, then the
+  transforms up to the first random (or unknown) one - ``Resize``, ``CenterCrop``, ``Grayscale``, ``PILToTensor`` /
+  ``ToImage`` - stopping before the pixels become floats (``ToTensor``, ``ToDtype``, ``Normalize``), so the store holds
+  uint8 images. Everything after the cut (``RandomResizedCrop``, flips, ``ToTensor``, ``Normalize``...) and the
+  ``target_transform`` run after the store, in the workers, as before.
+- any other map-style dataset: the whole item, when it is shown deterministic.
+
+Either way the cached part is *shown* deterministic before anything is stored (``deterministic``): a few items made
+twice under different seeds of torch's, NumPy's and ``random``'s global generators must be equal bit for bit, and
+making one must not draw from any of them (a draw that skipping it on a hit would leave out would move the random
+numbers everything after it sees). The generators are put back as they were afterwards.
+
+``CachedDataset`` is what a pipeopt loader reads: it makes the cached part of an item on a miss and stores it (every
+loader pipeopt builds fills the store), and - when ``read`` - takes it from the store on a hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from pipeopt._torchvision import flatten, folder_class, is_transform, unwrap_subsets
+from pipeopt.apply.sample_store import SampleStore, decode, encode
+
+#: torchvision transforms that draw no random numbers and give the same output for the same input.
+DETERMINISTIC = frozenset({"Resize", "CenterCrop", "Grayscale", "PILToTensor", "ToImage", "ToPILImage", "ToTensor",
+                           "ToDtype", "ConvertImageDtype", "Normalize"})
+#: Where the cached part stops at the latest: these make float pixels (4x the bytes of the uint8 ones before them).
+TO_FLOAT = frozenset({"ToTensor", "ToDtype", "ConvertImageDtype", "Normalize"})
+#: Items made twice in the determinism check (spread over the dataset).
+CHECKED_ITEMS = 3
+
+
+class FolderSplit:
+    """An ``ImageFolder``'s items as (decoded, cut-transformed image) then the rest of the chain and the label."""
+
+    def __init__(self, folder: Any, positions: list[int] | None, cached: list[Any], rest: list[Any]) -> None:
+        self.folder, self.positions, self.cached, self.rest = folder, positions, cached, rest
+
+    def __len__(self) -> int:
+        return len(self.positions) if self.positions is not None else len(self.folder)
+
+    def _sample(self, i: int) -> tuple[str, int]:
+        return self.folder.samples[self.positions[i] if self.positions is not None else i]
+
+    def make(self, i: int) -> Any:
+        image = self.folder.loader(self._sample(i)[0])
+        for t in self.cached:
+            image = t(image)
+        return image
+
+    def finish(self, image: Any, i: int) -> Any:
+        for t in self.rest:
+            image = t(image)
+        target = self._sample(i)[1]
+        if self.folder.target_transform is not None:
+            target = self.folder.target_transform(target)
+        return image, target
+
+    def describe(self) -> str:
+        steps = ", ".join(type(t).__name__ for t in self.cached)
+        return f"each image read and decoded{f', then {steps}' if steps else ''} (uint8)"
+
+
+class WholeSplit:
+    """Any map-style dataset shown deterministic: the whole item is cached."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def make(self, i: int) -> Any:
+        return self.dataset[i]
+
+    def finish(self, item: Any, i: int) -> Any:
+        return item
+
+    def describe(self) -> str:
+        return f"each whole item of the {type(self.dataset).__name__}"
+
+
+Split = FolderSplit | WholeSplit
+
+
+def plan(dataset: Any) -> Split | str:
+    """How ``dataset``'s items split into a cached part and the rest - or why none can be cached."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return f"the dataset ({type(dataset).__name__}) is not a map-style dataset with a length"
+    inner, positions = unwrap_subsets(dataset)  # a Subset's own __getitems__ only gathers its dataset's items
+    if hasattr(inner, "__getitems__"):
+        return (f"the dataset ({type(inner).__name__}) makes whole batches (__getitems__); pipeopt caches single "
+                "items only")
+    folder = folder_class(inner)
+    if folder is None or type(inner).__getitem__ is not folder.__getitem__:
+        return WholeSplit(dataset)
+    steps = flatten(inner.transform) if inner.transform is not None else []
+    cut = 0
+    while cut < len(steps) and is_transform(steps[cut]) and type(steps[cut]).__name__ in DETERMINISTIC - TO_FLOAT:
+        cut += 1
+    return FolderSplit(inner, positions, steps[:cut], steps[cut:])
+
+
+# -- shown deterministic ----------------------------------------------------------------------------------------
+def _rng_states() -> tuple[Any, ...]:
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def _same_states(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    (ta, ra, na), (tb, rb, nb) = a, b
+    return (torch.equal(ta, tb) and ra == rb and na[0] == nb[0] and np.array_equal(na[1], nb[1])
+            and tuple(na[2:]) == tuple(nb[2:]))
+
+
+@contextmanager
+def _global_rngs_kept() -> Iterator[None]:
+    saved = _rng_states()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def deterministic(make: Callable[[int], Any], positions: Sequence[int]) -> tuple[str | None, bytes]:
+    """Whether ``make(i)`` is deterministic on ``positions``: (None, a digest of the items) when each is equal bit for
+    bit under two different seeds of every global generator and draws from none; otherwise (the reason, b"").
+    The global generators are as they were when it returns."""
+    digest = hashlib.sha256()
+    with _global_rngs_kept():
+        made: list[list[bytes]] = []
+        for seed in (20240601, 7):
+            _seed_all(seed)
+            round_: list[bytes] = []
+            for i in positions:
+                before = _rng_states()
+                item = make(i)
+                if not _same_states(before, _rng_states()):
+                    return (f"making item {i} draws from a global random generator (torch, NumPy or random): it is "
+                            "random, so it is not cached"), b""
+                round_.append(encode(item))
+            made.append(round_)
+        for i, first, second in zip(positions, *made):
+            if first != second:
+                return (f"item {i} differed between two fetches under different random seeds: the dataset is not "
+                        "deterministic, so it is not cached"), b""
+            digest.update(first)
+    return None, digest.digest()
+
+
+def check_positions(length: int) -> list[int]:
+    """The items the determinism check makes: the first, the middle and the last."""
+    return sorted({0, length // 2, length - 1})[:CHECKED_ITEMS]
+
+
+def refusal(split: Split) -> tuple[str | None, bytes]:
+    """Why the split's cached part may not be cached (None when it may), and a digest of the items checked."""
+    try:
+        return deterministic(split.make, check_positions(len(split)))
+    except Exception as err:  # the user's dataset raised: it is left alone, and the report says so
+        return f"making an item to check it raised {type(err).__name__}: {err}", b""
+
+
+def fingerprint(split: Split, digest: bytes) -> str:
+    """Names a store: the dataset's kind, length and cut, and the bytes of the items checked."""
+    h = hashlib.sha256(digest)
+    inner = split.folder if isinstance(split, FolderSplit) else split.dataset
+    h.update(f"{type(inner).__module__}.{type(inner).__qualname__}|{len(split)}|{split.describe()}".encode())
+    if isinstance(split, FolderSplit):
+        h.update(repr(split.cached).encode())
+        h.update(str(getattr(split.folder, "root", "")).encode())
+    return h.hexdigest()[:16]
+
+
+class CachedDataset(Dataset):
+    """The user's dataset, with the cached part of each item made at most once: on a miss it is made and stored;
+    when ``read``, a stored one is decoded instead of made. Items equal the user's bit for bit."""
+
+    def __init__(self, split: Split, store: SampleStore, *, read: bool) -> None:
+        self.split, self.store, self.read = split, store, read
+        self.full = False  # this process saw the budget run out: it stops trying to store
+        self.broken = False  # this process could not reach the store: it makes every item, as without it
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: Any) -> Any:
+        i = operator.index(i)
+        if i < 0:
+            i += len(self.split)
+        try:
+            raw = self.store.get(i) if self.read and not self.broken else None
+        except OSError:  # the store's files went away (removed under a running loader): make items as before
+            raw, self.broken = None, True
+        if raw is not None:
+            return self.split.finish(decode(raw), i)
+        part = self.split.make(i)
+        if not self.broken:
+            try:
+                self._offer(i, part)
+            except OSError:
+                self.broken = True
+        return self.split.finish(part, i)
+
+    def _offer(self, i: int, part: Any) -> None:
+        if self.full:
+            self.store.made_elsewhere()
+        elif not self.store.has(i):
+            started = time.thread_time_ns()
+            self.full = not self.store.put(i, encode(part), started) and not self.store.has(i)
+
+
+class SampleCache:
+    """A fit's sample store and how its items split: the datasets pipeopt's loaders read, the store's figures."""
+
+    def __init__(self, split: Split, store: SampleStore, *, keep: bool = False) -> None:
+        self.split, self.store, self.keep = split, store, keep
+
+    def dataset(self, *, read: bool) -> CachedDataset:
+        return CachedDataset(self.split, self.store, read=read)
+
+    def close(self) -> None:
+        """The fit is over: the store is deleted, unless it is to be kept for a rerun."""
+        if self.keep:
+            self.store.close()
+        else:
+            self.store.remove()

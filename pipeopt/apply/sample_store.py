@@ -1,0 +1,227 @@
+"""One store of samples, shared by the main process and every loader worker: a memory-mapped index beside a data
+file, sized by a budget.
+
+Layout (``directory/``): ``index`` holds a header of counters and, for each dataset position, the offset and length
+of its bytes in ``data`` (a length of 0: not stored); ``data`` is written once per position, never rewritten.
+Writers reserve their bytes under an ``flock`` on ``lock`` (the header's counters change only there), write them
+with ``pwrite`` and publish the position's length last, so a reader sees a position either absent or whole.
+Readers take no lock. Every process opens the files itself (on first use after a fork or a spawn): no file
+description - and so no lock - is shared between processes.
+
+Why not LMDB: an LMDB environment must not be used after ``fork()`` in the child it was inherited by, and a
+DataLoader forks its workers from a main process that itself reads the store (``num_workers=0``) - closing the
+inherited handle in a worker may release the parent's reader slots. This store has no such state: a position's
+bytes are immutable once published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import mmap
+import os
+import pickle
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_MAGIC = 0x70697065_6F707402  # "pipeopt" + version 2
+#: Processes of one node that share a store count what they make apart (a slot each: a rank's loaders).
+SLOTS = 64
+#: int64 header: magic, data end, fill ns, stored, not stored (full), dataset length, budget, spare, then the items
+#: each slot made (on a miss: stored or not).
+_HEADER = 8 + SLOTS
+_END, _FILL_NS, _STORED, _UNSTORED, _LENGTH, _BUDGET, _MADE = 1, 2, 3, 4, 5, 6, 8
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """The store's counters, as every process sees them."""
+
+    stored: int  # positions stored
+    length: int  # positions the dataset has
+    bytes_used: int
+    budget_bytes: int
+    fill_s: float  # CPU time spent encoding and writing samples, summed over the processes that filled it
+    unstored: int  # samples not stored because the budget was spent
+    made: int = 0  # items this store's slot (a rank's loaders) made because the store did not have them
+
+    @property
+    def full(self) -> bool:
+        return self.unstored > 0
+
+
+class SampleStore:
+    """Bytes per dataset position, in ``directory``; at most ``budget_bytes`` of them (the budget of whoever created
+    the store). ``slot``: which of the processes sharing it (a node's ranks) counts its misses. Picklable: a worker
+    opens its own view of the files on first use."""
+
+    def __init__(self, directory: str | os.PathLike[str], length: int, budget_bytes: int, slot: int = 0) -> None:
+        if length < 1 or budget_bytes < 1 or not 0 <= slot < SLOTS:
+            raise ValueError(f"a sample store needs a dataset length and a budget > 0 and a slot in [0, {SLOTS}) "
+                             f"(got {length}, {budget_bytes}, {slot})")
+        self.directory, self.length, self.slot = Path(directory), int(length), int(slot)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        index = self.directory / "index"
+        size = 8 * (_HEADER + 2 * self.length)
+        lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with _locked(lock_fd):  # the node's ranks open it at once: one of them creates it
+                if not index.exists() or index.stat().st_size != size or self._magic(index) != _MAGIC:
+                    with open(self.directory / "data", "wb") as f:  # a new (or foreign) store: empty
+                        f.truncate(budget_bytes)
+                    with open(index, "wb") as f:
+                        f.truncate(size)
+                    with open(index, "r+b") as fresh, mmap.mmap(fresh.fileno(), size) as mm:
+                        header = memoryview(mm).cast("q")
+                        header[_LENGTH], header[_BUDGET], header[0] = self.length, budget_bytes, _MAGIC
+                        header.release()
+                with open(index, "rb") as f:
+                    header_bytes = f.read(8 * _HEADER)
+        finally:
+            os.close(lock_fd)
+        self.budget_bytes = int.from_bytes(header_bytes[8 * _BUDGET:8 * _BUDGET + 8], "little", signed=True)
+        self._pid: int | None = None
+        self._views: tuple[Any, ...] = ()
+
+    @staticmethod
+    def _magic(index: Path) -> int:
+        with open(index, "rb") as f:
+            return int.from_bytes(f.read(8), "little", signed=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory, "length": self.length, "budget_bytes": self.budget_bytes,
+                "slot": self.slot}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _pid=None, _views=())
+
+    def _open(self) -> tuple[memoryview, int, int]:
+        """This process's views: the index as int64s, the data file's and the lock file's descriptors."""
+        if self._pid != os.getpid():
+            self._views = ()  # inherited across a fork: never used, never closed here (the parent owns them)
+            index_f = open(self.directory / "index", "r+b")  # held for the process's lifetime
+            mm = mmap.mmap(index_f.fileno(), 0)
+            data_fd = os.open(self.directory / "data", os.O_RDWR)
+            lock_fd = os.open(self.directory / "lock", os.O_RDWR)
+            self._views, self._pid = (memoryview(mm).cast("q"), data_fd, lock_fd, mm, index_f), os.getpid()
+        return self._views[0], self._views[1], self._views[2]
+
+    def get(self, position: int) -> bytes | None:
+        """The bytes stored for ``position``, or None."""
+        index, data_fd, _ = self._open()
+        slot = _HEADER + 2 * position
+        length = index[slot + 1]
+        return os.pread(data_fd, length, index[slot]) if length else None
+
+    def has(self, position: int) -> bool:
+        index, _, _ = self._open()
+        return index[_HEADER + 2 * position + 1] > 0
+
+    def put(self, position: int, value: bytes, started_ns: int) -> bool:
+        """Store ``value`` for ``position`` (made on a miss, counted in this store's slot); False when the budget has
+        no room for it (counted as not stored) or another process stored it meanwhile. The CPU time of this thread
+        from ``started_ns`` (``time.thread_time_ns()`` before the sample was encoded) to its bytes being written is
+        added to the fill cost."""
+        index, data_fd, lock_fd = self._open()
+        slot = _HEADER + 2 * position
+        with _locked(lock_fd):
+            index[_MADE + self.slot] += 1
+            if index[slot + 1]:
+                return False
+            offset = index[_END]
+            if offset + len(value) > self.budget_bytes or not value:
+                index[_UNSTORED] += 1
+                return False
+            index[_END] = offset + len(value)
+        os.pwrite(data_fd, value, offset)
+        index[slot] = offset
+        index[slot + 1] = len(value)  # published last: a reader sees the position absent or whole
+        spent = time.thread_time_ns() - started_ns
+        with _locked(lock_fd):
+            index[_FILL_NS] += spent
+            index[_STORED] += 1
+        return True
+
+    def made_elsewhere(self) -> None:
+        """A miss this slot's process made but did not offer (its budget is spent): counted, not stored."""
+        index, _, lock_fd = self._open()
+        with _locked(lock_fd):
+            index[_MADE + self.slot] += 1
+            index[_UNSTORED] += 1
+
+    def stats(self) -> StoreStats:
+        index, _, _ = self._open()
+        return StoreStats(stored=index[_STORED], length=self.length, bytes_used=index[_END],
+                          budget_bytes=self.budget_bytes, fill_s=index[_FILL_NS] / 1e9, unstored=index[_UNSTORED],
+                          made=index[_MADE + self.slot])
+
+    def close(self) -> None:
+        if self._pid == os.getpid() and self._views:
+            view, data_fd, lock_fd, mm, index_f = self._views
+            view.release()
+            mm.close()
+            index_f.close()
+            os.close(data_fd)
+            os.close(lock_fd)
+        self._views, self._pid = (), None
+
+    def remove(self) -> None:
+        """Close and delete the store's files."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+# -- the samples' bytes -----------------------------------------------------------------------------------------
+def _tensor(dtype: str, shape: tuple[int, ...], raw: bytes, cls: type = torch.Tensor,
+            attrs: dict[str, Any] | None = None) -> torch.Tensor:
+    flat = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)) if raw else \
+        torch.empty(0, dtype=getattr(torch, dtype))
+    tensor = flat.reshape(shape)
+    if cls is not torch.Tensor:  # a subclass (torchvision's Image, Mask, BoundingBoxes...), with its attributes
+        tensor = tensor.as_subclass(cls)
+        tensor.__dict__.update(attrs or {})
+    return tensor
+
+
+class _Pickler(pickle.Pickler):
+    """Plain pickle, except that a dense CPU tensor (of a subclass too) is stored as its dtype, shape and raw bytes
+    (and its class and attributes): torch's own pickling writes a small archive per tensor, several times slower
+    for a sample, and not the same bytes twice."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (isinstance(obj, torch.Tensor) and obj.layout is torch.strided and obj.device.type == "cpu"
+                and not obj.requires_grad and not obj.is_quantized):
+            plain = obj.as_subclass(torch.Tensor) if type(obj) is not torch.Tensor else obj
+            flat = plain.detach().contiguous().reshape(-1)
+            extra = (type(obj), dict(obj.__dict__)) if type(obj) is not torch.Tensor else ()
+            return _tensor, (str(flat.dtype).removeprefix("torch."), tuple(obj.shape),
+                             flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"", *extra)
+        return NotImplemented
+
+
+def encode(obj: Any) -> bytes:
+    """A sample as bytes: what ``decode`` turns back into an equal object (tensors bit for bit; a PIL image as its
+    mode, size and pixels)."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def decode(raw: bytes) -> Any:
+    return pickle.loads(raw)

@@ -1,0 +1,139 @@
+"""Starting the sample cache on a fit: whether it may run, what it caches, where its store lives and how large it may
+grow - or why it is left alone (``report.skipped``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pipeopt import _lightning
+from pipeopt.apply.loader import LoaderSwitcher, unsupported
+from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
+from pipeopt.apply.sample_store import SLOTS, SampleStore
+from pipeopt.config import PipeOptConfig
+from pipeopt.measure.window import WindowMeter
+from pipeopt.report.model import SampleCacheFigures
+from pipeopt.tuning.agreement import ReduceMax
+from pipeopt.tuning.cache_session import CacheSession
+from pipeopt.tuning.loader_search import LoaderSettings
+from pipeopt.tuning.session import TrialWindows
+
+#: The store is warm once it holds this share of the samples an epoch of the node's ranks draws (or its budget is
+#: spent): the rest are made, and stored, as before.
+WARM_SHARE = 0.9
+
+
+def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter, switcher: LoaderSwitcher | None, *,
+                        say: Callable[[str], None], agree: ReduceMax, restored: dict[str, Any] | None,
+                        more_epochs: bool, short: str | None) -> tuple[CacheSession, LoaderSwitcher] | str:
+    """The cache session of this fit (and the switcher its loaders go through), or why there is none. Every rank
+    takes part in its two collectives, and all ranks run it or none."""
+    fit_id = trainer.strategy.broadcast(os.getpid())  # rank zero's process: names this fit's store on every node
+    resuming = restored is not None and "cache" in restored
+    found = _cacheable(trainer, short=None if resuming else short, more_epochs=more_epochs or resuming)
+    if agree([1.0 if isinstance(found, str) else 0.0])[0] > 0 and not isinstance(found, str):
+        found = "another rank's dataset cannot be cached"
+    if isinstance(found, str):
+        return found
+    user, split, digest = found
+    switcher = switcher or LoaderSwitcher(trainer)
+    name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
+    switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
+    per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
+    store = switcher.cache.store
+
+    def warm() -> bool:
+        stats = store.stats()
+        return stats.full or stats.stored >= WARM_SHARE * per_epoch
+
+    windows = TrialWindows(meter.reset, config.window, config.window_s, None)
+    planned = _lightning.planned_steps(trainer)
+    session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
+                           say=say if trainer.is_global_zero else (lambda line: None),
+                           steps_left=lambda: None if planned is None else planned - trainer.global_step)
+    if resuming and restored is not None:
+        kept = restored["cache"]
+        session.restore(LoaderSettings(**kept) if kept else None)
+    return session, switcher
+
+
+def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> tuple[Any, Split, bytes] | str:
+    """The train loader, how its dataset's items split and a digest of the items checked - or why not."""
+    combined = _lightning.train_combined_loader(trainer)
+    flattened = list(combined.flattened) if combined is not None else []
+    if len(flattened) != 1:
+        return f"the fit has {len(flattened)} train loaders; pipeopt caches the samples of a single one"
+    reason = unsupported(flattened[0])
+    if reason is not None:
+        return reason
+    if short is not None:
+        return short
+    if not more_epochs:
+        return "a sample cache pays from the second epoch on, and this fit ends in its first"
+    split = plan(flattened[0].dataset)
+    if isinstance(split, str):
+        return split
+    why, digest = refusal(split)
+    return why if why is not None else (flattened[0], split, digest)
+
+
+def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> SampleStore:
+    """The node's store, shared by its ranks (each fills it with what its sampler gives it and reads what any of
+    them stored: a DistributedSampler reshuffles the shards every epoch): under ``sample_cache_dir`` (sized by its
+    free space) or under the report directory (sized by free memory; a temporary directory when no files are
+    written), ``sample_cache_share`` of it."""
+    if config.sample_cache_dir is not None:
+        root = config.sample_cache_dir
+        root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root).free
+    else:
+        root = (config.report_dir / "sample-cache") if config.report_dir is not None else \
+            Path(tempfile.gettempdir()) / "pipeopt-sample-cache"
+        free = psutil.virtual_memory().available
+    budget = max(1, int(config.sample_cache_share * free))
+    slot = trainer.local_rank % SLOTS
+    return SampleStore(root / f"{name}-{socket.gethostname()}", len(split), budget, slot=slot)
+
+
+def _samples_per_epoch(trainer: Any, user: Any, length: int) -> int:
+    """The distinct samples an epoch of this rank draws: its batches times their size, at most its sampler's."""
+    batches = trainer.num_training_batches
+    size = user.batch_size or getattr(user.batch_sampler, "batch_size", None) or 1
+    sampled = len(user.sampler) if hasattr(user.sampler, "__len__") else length
+    if batches in (None, float("inf")):
+        return sampled
+    return max(1, min(sampled, int(batches) * int(size)))
+
+
+class CacheLedger:
+    """The sample cache over the fit, an epoch at a time: samples this rank trained, those its loaders made because
+    the store did not have them (stored or not), the hit rate while reading."""
+
+    def __init__(self) -> None:
+        self.samples = 0  # trained in the running epoch
+        self.epochs: list[dict[str, Any]] = []
+
+    def epoch_ended(self, cache: SampleCache | None, reading: bool) -> None:
+        if cache is None:
+            return
+        misses = cache.store.stats().made - sum(row["misses"] for row in self.epochs)
+        samples, self.samples = self.samples, 0
+        hit_rate = max(0.0, 1.0 - misses / samples) if reading and samples else None
+        self.epochs.append(dict(epoch=len(self.epochs), reading=reading, samples=samples, misses=misses,
+                                hit_rate=hit_rate))
+
+    def figures(self, cache: SampleCache | None, session: CacheSession | None) -> SampleCacheFigures | None:
+        if cache is None or session is None:
+            return None
+        stats = cache.store.stats()
+        return SampleCacheFigures(
+            cached=cache.split.describe(), directory=str(cache.store.directory), kept=session.kept is not None,
+            stored=stats.stored, length=stats.length, bytes_used=stats.bytes_used, budget_bytes=stats.budget_bytes,
+            fill_s=stats.fill_s, trial_speedup=session.trial_speedup, epochs=list(self.epochs))

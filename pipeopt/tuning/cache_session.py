@@ -1,0 +1,278 @@
+"""The sample cache on the live run: a candidate like any loader setting, measured once the store is warm.
+
+Every DataLoader pipeopt builds fills the store as a side effect of loading (``apply.sample_cache``). Once the other
+groups are done, this session makes sure the loader in place is one of those (the same settings), then waits - on
+every rank - until the store holds the samples an epoch needs. Then, on the live run:
+
+1. a window of the settings in place (``before``), the store warm but not read;
+2. a trial reading from the store with the same workers; if it is not faster beyond noise, the settings in place
+   stay and nothing else is tried;
+3. trials with fewer workers (halving, down to the main process) while each is not slower beyond noise than the
+   best cached trial - the cache removed the work the workers were there for;
+4. the choice: the cheapest setting (fewest workers, then no cache) no other measured one beats beyond noise,
+   confirmed by an after-window against ``before`` (once more when too close to call), or the settings in place
+   restored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from pipeopt.measure.window import WindowStats
+from pipeopt.tuning import noise
+from pipeopt.tuning.agreement import ANY, MAX, MIN, ReduceMax, agree, agreed
+from pipeopt.tuning.findings import Change, Outcome
+from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, LoaderSettings
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
+from pipeopt.tuning.session import Switcher, TrialWindows, first_line
+
+#: At most this many trials with fewer workers than the settings in place.
+MAX_FEWER = 3
+
+
+class CachePhase(str, Enum):
+    WAIT = "wait"
+    BEFORE = "before"
+    TRIAL = "trial"
+    AFTER = "after"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    """One window as every rank agrees on it: the slowest rate, any failure, any rank whose store is still cold."""
+
+    samples_per_s: float = agreed(MIN)
+    rel_se: float = agreed(MAX)
+    step_time_s: float = agreed(MAX)
+    data_wait_frac: float = agreed(MAX)
+    failed: bool = agreed(ANY)
+    cold: bool = agreed(ANY)
+
+
+@dataclass(frozen=True)
+class CacheTrial:
+    settings: LoaderSettings
+    rate: Rate | None  # None: its loader failed
+    data_wait_frac: float | None = None
+    error: str | None = None
+
+
+class CacheSession:
+    """Fed windows (``on_window``) and step ends (``on_step_end``) once ``begin()`` was called."""
+
+    def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
+                 fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
+                 say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
+                 ) -> None:
+        self._switcher, self._windows, self._warm, self._fills = switcher, windows, warm, fills
+        self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
+        self.state = CachePhase.WAIT
+        self.started = False
+        self.baseline: LoaderSettings = switcher.current
+        self._applied: LoaderSettings = switcher.current
+        self._pending: WindowStats | None = None
+        self._failure: BaseException | None = None
+        self.before: Rate | None = None
+        self.after: WindowStats | None = None  # the after-window of a kept cache: measured after every change
+        self.trials: list[CacheTrial] = []
+        self._after: list[Rate] = []
+        self.chosen: CacheTrial | None = None
+        self.outcome = Outcome()
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def begin(self, data_wait_frac: float | None = None) -> None:
+        """The other groups are done: fill with the settings in place (on a loader of pipeopt's), then wait - unless
+        the loader search found the run compute-bound (``data_wait_frac``: its before-window's wait)."""
+        self.started, self.baseline = True, self._switcher.current
+        self._applied = self.baseline
+        if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
+            self._finish(_compute_bound(data_wait_frac))
+            return
+        if not self._fills():
+            self._switcher.switch(self.baseline)
+            self._switcher.settle()
+        self._windows.measure("filling the sample cache", self.baseline.in_flight)
+
+    def on_window(self, stats: WindowStats) -> None:
+        if self.started and self.state is not CachePhase.DONE:
+            self._pending = stats
+
+    def on_step_end(self) -> None:
+        failure = self._switcher.take_failure()
+        if failure is not None:
+            self._failure = failure
+        if self._pending is None or self.state is CachePhase.DONE:
+            return
+        stats, self._pending = self._pending, None
+        rate = noise.window_rate(stats, self._applied)
+        figures = agree(CacheFigures(rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac,
+                                     self._failure is not None, not self._warm()), self._agree)
+        error, self._failure = self._failure, None
+        self._windows.last_step_s = figures.step_time_s
+        measured = None if figures.failed else Rate(figures.samples_per_s, figures.rel_se)
+        if self.state is CachePhase.WAIT:
+            if not figures.cold:
+                self.state = CachePhase.BEFORE
+                self._windows.measure("cache: before", 0, self._applied)
+        elif self.state is CachePhase.BEFORE:
+            self._on_before(measured, figures.data_wait_frac)
+        elif self.state is CachePhase.TRIAL:
+            self._on_trial(measured, figures.data_wait_frac, error)
+        else:
+            self.after = stats
+            self._on_after(measured)
+
+    # -- the phases -------------------------------------------------------------------------------------------
+    def _on_before(self, rate: Rate | None, data_wait_frac: float) -> None:
+        if rate is None:  # the settings in place failed: nothing to compare with
+            self._finish("the loader's workers failed in the window before the cache trial")
+            return
+        if data_wait_frac < COMPUTE_BOUND_WAIT:
+            self._finish(_compute_bound(data_wait_frac))
+            return
+        self.before = rate
+        self._try(dataclasses.replace(self.baseline, cache=True))
+
+    def _on_trial(self, rate: Rate | None, wait: float | None, error: BaseException | None) -> None:
+        settings = self._applied
+        failed = (first_line(error) if error else "a loader worker failed on another rank") if rate is None else None
+        self.trials.append(CacheTrial(settings, rate, wait, failed))
+        self._say(f"cache trial: {settings.describe()} -> "
+                  + (f"{rate.value:,.1f} samples/s" if rate else f"failed ({failed})"))
+        following = self._following()
+        if following is None:
+            self._choose()
+        else:
+            self._try(following)
+
+    def _following(self) -> LoaderSettings | None:
+        """The next cached trial: fewer workers while the cache keeps pace, or None."""
+        last, before = self.trials[-1], self.before
+        cached_ok = [t for t in self.trials if t.rate is not None]
+        if last.rate is None or before is None or not cached_ok:
+            return None
+        if len(self.trials) == 1 and not faster(last.rate, before, self._floor):
+            return None  # reading from the store did not pay with the same workers
+        best = max(cached_ok, key=lambda t: t.rate.value if t.rate else 0.0)
+        if best.rate is None or faster(best.rate, last.rate, self._floor):
+            return None  # the last cut made it slower
+        n = last.settings.num_workers
+        if n == 0 or len(self.trials) > MAX_FEWER:
+            return None
+        fewer = last.settings.with_workers(n // 2, persistent=self.baseline.persistent_workers)
+        left = self._steps_left()
+        if left is not None and left < self._windows.trial_steps(self._applied, fewer):
+            return None
+        return dataclasses.replace(fewer, cache=True)
+
+    def _choose(self) -> None:
+        before = self.before
+        ok = [t for t in self.trials if t.rate is not None]
+        if before is None:
+            self._finish("nothing was measured to compare with")
+            return
+        base = CacheTrial(self.baseline, before)
+        options = [base, *ok]
+        unbeaten = [t for t in options if t.rate is not None
+                    and not any(u.rate is not None and faster(u.rate, t.rate, self._floor) for u in options)]
+        self.chosen = min(unbeaten or [base], key=lambda t: (t.settings.num_workers, t.settings.cache))
+        if self.chosen is base:
+            self._finish(f"reading from it was not faster beyond noise than {self.baseline.describe()}")
+            return
+        self._say(f"chose {self.chosen.settings.describe()}; measuring it against the window before")
+        if self._applied != self.chosen.settings:
+            self._apply(self.chosen.settings, "cache: after")
+        else:
+            self._windows.measure("cache: after", 0, self._applied)
+        self._switcher.settle()
+        self.state = CachePhase.AFTER
+
+    def _on_after(self, rate: Rate | None) -> None:
+        before, chosen = self.before, self.chosen
+        if rate is None or before is None or chosen is None or chosen.rate is None:
+            self.after = None
+            self._finish("the chosen loader's workers failed in the after-window")
+            return
+        self._after.append(rate)
+        after = self._after[0] if len(self._after) == 1 else combine(*self._after[:2])
+        if faster(after, before, self._floor):
+            self._keep(chosen, after, before)
+        elif len(self._after) < 2:
+            self._windows.measure("cache: after", 0, self._applied)
+        else:
+            self.after = None
+            self._finish(f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not "
+                         "faster beyond noise")
+
+    def _keep(self, chosen: CacheTrial, after: Rate, before: Rate) -> None:
+        predicted, measured = (chosen.rate.value / before.value if chosen.rate else None), after.value / before.value
+        why = (f"{before.value:,.1f} -> {after.value:,.1f} samples/s reading each sample's deterministic part from "
+               "the store (trial, then after-window)")
+        changes = [Change("cache", False, True, why, predicted, measured)]
+        if chosen.settings.num_workers != self.baseline.num_workers:
+            changes.append(Change("num_workers", self.baseline.num_workers, chosen.settings.num_workers,
+                                  "the cheapest worker count no other cached trial beat beyond noise"))
+        self.outcome.changes = changes
+        self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
+        self._say(f"kept {chosen.settings.describe()}")
+        self.state = CachePhase.DONE
+
+    def _finish(self, why: str) -> None:
+        """Not kept: the settings in place before the cache session, again."""
+        if self._applied != self.baseline:
+            if self.baseline == self._switcher.user_settings:
+                self._switcher.restore_user()
+            else:
+                self._switcher.switch(self.baseline)
+                self._switcher.settle()
+            self._windows.measure("cache: reverted", self._applied.in_flight + self.baseline.in_flight)
+            self._applied = self.baseline
+        self.outcome.notes.append(f"sample cache not kept: {why}")
+        self._say(f"sample cache not kept: {why}")
+        self.state = CachePhase.DONE
+
+    def _try(self, settings: LoaderSettings) -> None:
+        self._apply(settings, f"cache trial: {settings.describe()}")
+        self.state = CachePhase.TRIAL
+
+    def _apply(self, settings: LoaderSettings, label: str) -> None:
+        previous, self._applied = self._applied, settings
+        self._switcher.switch(settings)
+        self._windows.measure(label, previous.in_flight + settings.in_flight, settings)
+
+    # -- resume and the end ------------------------------------------------------------------------------------
+    def restore(self, settings: LoaderSettings | None) -> None:
+        """Resume: the settings an earlier run of this fit kept (None: it did not keep the cache), without trials.
+        The store fills again in the first epoch (read-through: a miss makes the sample as before)."""
+        self.started, self.state = True, CachePhase.DONE
+        if settings is None or not settings.cache:
+            self.outcome.notes.append("resumed from a checkpoint whose tuning did not keep the sample cache")
+            return
+        self._switcher.switch(settings)
+        self._switcher.settle()
+        self._applied = settings
+        self.chosen = CacheTrial(settings, None)
+        self.outcome.changes = [Change("cache", False, True, "kept by the run this one resumes (from its checkpoint)")]
+
+    @property
+    def measuring(self) -> bool:
+        return self.started and self.state is not CachePhase.DONE
+
+    @property
+    def kept(self) -> LoaderSettings | None:
+        return self.chosen.settings if self.state is CachePhase.DONE and self.outcome.changes and self.chosen else None
+
+    @property
+    def trial_speedup(self) -> float | None:
+        """The best cached trial's rate over the window before the trials."""
+        rates = [t.rate.value for t in self.trials if t.rate is not None]
+        return max(rates) / self.before.value if rates and self.before else None
+
+
+def _compute_bound(wait: float) -> str:
+    return (f"the run is compute-bound (the loop waited for data {wait:.0%} of each step): a cache would have nothing "
+            "to take away")

@@ -1,0 +1,151 @@
+"""The sample store and cache: shared by processes, bounded by its budget, items equal to the dataset's bit for bit,
+and only datasets shown deterministic are cached."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from pipeopt.apply.sample_cache import CachedDataset, SampleCache, WholeSplit, plan, refusal
+from pipeopt.apply.sample_store import SampleStore, decode, encode
+
+
+class Counted(Dataset):
+    """Deterministic items (a seeded tensor, a label, a dict), counting how often each is made in this process."""
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+        self.made = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.made += 1
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.randn(3, 5, generator=g), "y": i % 7, "name": f"item{i}"}
+
+
+class TorchRandom(Counted):
+    def __getitem__(self, i: int):
+        return torch.rand(2), i
+
+
+class DrawsButDiscards(Counted):
+    """Same output whatever the seed, but it moves the global generator: skipping it would change later draws."""
+
+    def __getitem__(self, i: int):
+        random.random()
+        return super().__getitem__(i)
+
+
+class Batched(Counted):
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(a["x"][k], b["x"][k]) for k in range(len(a["x"]))) and a["y"] == b["y"] and \
+        a["name"] == b["name"]
+
+
+def test_codec_round_trips_tensors_bit_for_bit():
+    items = [torch.randn(4, 3), torch.randn(5, dtype=torch.float64).to(torch.bfloat16), torch.arange(6).view(2, 3).t(),
+             torch.zeros(0, 4), torch.tensor(3), {"a": [torch.ones(2, dtype=torch.uint8), 1.5, "s"]}, np.arange(4)]
+    for item in items:
+        back = decode(encode(item))
+        if isinstance(item, torch.Tensor):
+            assert back.dtype == item.dtype and back.shape == item.shape and torch.equal(back, item)
+    nested = decode(encode(items[5]))
+    assert torch.equal(nested["a"][0], items[5]["a"][0]) and nested["a"][1:] == [1.5, "s"]
+
+
+def test_items_filled_by_worker_processes_are_read_by_the_main_process(tmp_path):
+    split = plan(Counted())
+    cache = SampleCache(split, SampleStore(tmp_path / "s", len(split), 1 << 20))
+    filled = list(DataLoader(cache.dataset(read=False), batch_size=8, num_workers=2))
+    stats = cache.store.stats()
+    assert stats.stored == 64 and stats.unstored == 0 and stats.fill_s > 0
+    reader = cache.dataset(read=True)
+    read = list(DataLoader(reader, batch_size=8, num_workers=0))
+    assert reader.split.dataset.made == 0  # every item came from the store
+    for a, b in zip(filled, read):
+        assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"]) and a["name"] == b["name"]
+    cache.close()
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_budget_bounds_the_store_and_the_rest_is_made_as_before(tmp_path):
+    dataset = Counted()
+    one = len(encode(dataset[0]))
+    store = SampleStore(tmp_path / "s", 64, 10 * one + one // 2)
+    cached = CachedDataset(plan(dataset), store, read=True)
+    first = [cached[i] for i in range(64)]
+    assert store.stats().stored == 10 and store.stats().bytes_used <= store.budget_bytes
+    made = dataset.made
+    second = [cached[i] for i in range(64)]
+    assert dataset.made - made == 54  # the ten stored items were read, the rest made again
+    assert all(_equal(a, b) for a, b in zip(first, second))
+    assert store.stats().unstored > 0
+
+
+def test_a_reopened_store_keeps_its_items_and_a_kept_cache_survives_close(tmp_path):
+    split = plan(Counted())
+    cache = SampleCache(split, SampleStore(tmp_path / "s", 64, 1 << 20), keep=True)
+    _ = [cache.dataset(read=True)[i] for i in range(5)]
+    cache.close()
+    again = SampleStore(tmp_path / "s", 64, 1 << 20)
+    assert again.stats().stored == 5 and again.has(4) and not again.has(5)
+
+
+def test_deterministic_datasets_are_cached_whole_and_the_global_generators_are_left_as_they_were():
+    state = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    split = plan(Counted())
+    assert isinstance(split, WholeSplit)
+    reason, digest = refusal(split)
+    assert reason is None and digest
+    assert torch.equal(state[0], torch.get_rng_state()) and state[1] == random.getstate()
+    assert np.array_equal(state[2], np.random.get_state()[1])
+
+
+@pytest.mark.parametrize("dataset, why", [
+    (TorchRandom(), "draws from a global random generator"),
+    (DrawsButDiscards(), "draws from a global random generator"),
+])
+def test_random_datasets_are_refused_with_the_reason(dataset, why):
+    state = torch.get_rng_state()
+    reason, _ = refusal(plan(dataset))
+    assert reason is not None and why in reason
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_a_dataset_whose_items_differ_between_fetches_is_refused():
+    class Drifting(Counted):
+        def __getitem__(self, i):
+            self.made += 1
+            return torch.full((2,), float(self.made))
+
+    reason, _ = refusal(plan(Drifting()))
+    assert reason is not None and "differed between two fetches" in reason
+
+
+def test_batch_making_and_iterable_datasets_are_not_cached():
+    assert "__getitems__" in plan(Batched())
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    assert "map-style" in plan(Stream())
+
+
+def test_a_dataset_that_raises_is_left_alone():
+    class Broken(Counted):
+        def __getitem__(self, i):
+            raise OSError("disk gone")
+
+    reason, _ = refusal(plan(Broken()))
+    assert reason is not None and "OSError: disk gone" in reason

@@ -1,0 +1,113 @@
+"""The sample cache on torchvision ImageFolders (v1 and v2 transforms): only the deterministic prefix is cached, as
+uint8 images, and a fit with random augmentation trains to the same weights, bit for bit, with the cache as without
+it. Runs where torchvision is installed (``make test``'s .venv-vision); elsewhere skipped with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from pipeopt.apply import sample_store
+from pipeopt.apply.sample_cache import FolderSplit, plan, refusal
+from tests.dali.images import Classifier, smooth_folder, torchvision
+from tests.helpers import controlled_rates, quiet_pipeopt, quiet_trainer_kwargs
+
+T = torchvision.transforms
+V2 = pytest.importorskip("torchvision.transforms.v2")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return smooth_folder(tmp_path_factory.mktemp("smooth"), per_class=12)
+
+
+def _names(steps):
+    return [type(t).__name__ for t in steps]
+
+
+@pytest.mark.parametrize("chain, cached, rest", [
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor()]),
+     [], ["RandomResizedCrop", "RandomHorizontalFlip", "ToTensor"]),
+    (lambda: T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize((0.5,) * 3, (0.2,) * 3)]),
+     ["Resize", "CenterCrop"], ["ToTensor", "Normalize"]),
+    (lambda: V2.Compose([V2.ToImage(), V2.Resize(40), V2.CenterCrop(32), V2.ToDtype(torch.float32, scale=True)]),
+     ["ToImage", "Resize", "CenterCrop"], ["ToDtype"]),
+    (lambda: V2.Compose([V2.Resize(40), V2.RandomResizedCrop(32), V2.Resize(16), V2.ToImage()]),
+     ["Resize"], ["RandomResizedCrop", "Resize", "ToImage"]),
+])
+def test_the_cut_is_the_deterministic_prefix_before_the_pixels_become_floats(images, chain, cached, rest):
+    split = plan(torchvision.datasets.ImageFolder(images, transform=chain()))
+    assert isinstance(split, FolderSplit)
+    assert _names(split.cached) == cached and _names(split.rest) == rest
+    assert refusal(split)[0] is None
+    stored = split.make(0)
+    assert not (isinstance(stored, torch.Tensor) and stored.is_floating_point())  # uint8 pixels are stored
+
+
+def test_items_rebuilt_from_the_store_equal_the_datasets_under_the_same_seed(images, tmp_path):
+    dataset = torchvision.datasets.ImageFolder(images, transform=T.Compose([
+        T.Resize(48), T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize((0.5,) * 3,
+                                                                                                   (0.2,) * 3)]))
+    subset = Subset(dataset, list(range(5, 30)))
+    split = plan(subset)
+    store = sample_store.SampleStore(tmp_path / "s", len(split), 1 << 24)
+    from pipeopt.apply.sample_cache import CachedDataset
+
+    cached = CachedDataset(split, store, read=True)
+    for i in range(len(subset)):
+        cached[i]  # fill
+    for i in range(len(subset)):
+        torch.manual_seed(i)
+        want = subset[i]
+        torch.manual_seed(i)
+        got = cached[i]
+        assert torch.equal(want[0], got[0]) and want[1] == got[1]
+    assert store.stats().stored == len(subset)
+
+
+def fit(callbacks, root, *, workers, epochs=5):
+    pl.seed_everything(11, verbose=False)
+    model = Classifier()
+    dataset = torchvision.datasets.ImageFolder(root, transform=T.Compose([
+        T.RandomResizedCrop(16, scale=(0.3, 1.0)), T.RandomHorizontalFlip(), T.ToTensor(),
+        T.Normalize((0.5,) * 3, (0.25,) * 3)]))
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
+    trainer.fit(model, DataLoader(dataset, batch_size=4, shuffle=True, num_workers=workers,
+                                  persistent_workers=workers > 0))
+    return model
+
+
+def _same_weights(a, b):
+    for name, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[name]), name
+
+
+def _cached_faster(monkeypatch):
+    controlled_rates(monkeypatch, lambda settings: 300.0 if getattr(settings, "cache", False) else 100.0)
+
+
+def test_random_augmentation_in_the_main_process_trains_bit_identically_to_a_run_without_pipeopt(
+        images, monkeypatch, tmp_path):
+    plain = fit([], images, workers=0)
+    _cached_faster(monkeypatch)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
+    tuned = fit([callback], images, workers=0)
+    assert [c.knob for c in callback.report.changes] == ["cache"]
+    assert callback.report.sample_cache.epochs[-1]["hit_rate"] == 1.0
+    _same_weights(plain, tuned)
+
+
+def test_random_augmentation_in_workers_draws_the_same_numbers_with_the_store_read_or_not(images, monkeypatch,
+                                                                                          tmp_path):
+    _cached_faster(monkeypatch)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path / "read", cache=False)
+    read = fit([callback], images, workers=2)
+    assert callback.report.sample_cache.epochs[-1]["hit_rate"] == 1.0
+    # the same fit, the same decisions and switches, but every lookup misses: each image is decoded again
+    monkeypatch.setattr(sample_store.SampleStore, "get", lambda self, position: None)
+    unread = quiet_pipeopt(tune=("cache",), report_dir=tmp_path / "unread", cache=False)
+    made = fit([unread], images, workers=2)
+    assert [c.knob for c in unread.report.changes] == ["cache"]
+    _same_weights(read, made)

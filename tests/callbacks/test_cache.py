@@ -1,0 +1,105 @@
+"""The sample cache on real, tiny Lightning fits: the same samples in the same order, final weights bit-identical to a
+run without pipeopt, items taken from the store once it is warm, random datasets refused, the store removed."""
+
+from __future__ import annotations
+
+import psutil
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from pipeopt import PipeOpt
+from tests.helpers import Regressor, SleepyDataset, controlled_rates, quiet_pipeopt, quiet_trainer_kwargs
+
+
+class CountingDataset(SleepyDataset):
+    """Storage-bound items (1 ms each), counting how many were made in this process."""
+
+    made = 0
+
+    def __getitem__(self, i: int):
+        CountingDataset.made += 1
+        return super().__getitem__(i)
+
+
+class RandomItems(SleepyDataset):
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return x + torch.rand(self.dim), y
+
+
+def fit(callbacks, dataset, *, epochs=5, seed=3):
+    pl.seed_everything(seed, verbose=False)
+    model = Regressor(hidden=32, dropout=0.5, batchnorm=True)
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
+    trainer.fit(model, DataLoader(dataset, batch_size=8, shuffle=True))
+    return model, trainer
+
+
+def _cached_faster(monkeypatch):
+    # The decisions in a controlled world (reading from the store 3x faster); the fit, its data and order are real.
+    controlled_rates(monkeypatch, lambda settings: 300.0 if getattr(settings, "cache", False) else 100.0)
+
+
+def test_a_kept_cache_serves_items_from_the_store_and_the_weights_are_bit_identical(monkeypatch, tmp_path):
+    data = CountingDataset(n=128, delay_s=0.001)
+    CountingDataset.made = 0
+    plain, _ = fit([], data)
+    made_plain, plain_rng = CountingDataset.made, torch.get_rng_state()
+    _cached_faster(monkeypatch)
+    CountingDataset.made = 0
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
+    tuned, _ = fit([callback], data)
+    report = callback.report
+    assert [c.knob for c in report.changes] == ["cache"]
+    assert tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+    assert torch.equal(torch.get_rng_state(), plain_rng)  # the determinism check put the generators back
+    figures = report.sample_cache
+    assert figures is not None and figures.kept and figures.stored == 128 and figures.fill_s > 0
+    reading = [row for row in figures.epochs if row["reading"]]
+    assert reading and reading[-1]["hit_rate"] == 1.0 and reading[-1]["misses"] == 0
+    # every item made at most once by the fill, plus the determinism check's six: the reading epochs made none
+    assert CountingDataset.made < made_plain
+    assert not any((tmp_path / "sample-cache").iterdir())  # the store is removed at fit end
+    assert psutil.Process().children() == []
+
+
+def test_a_cache_that_is_not_faster_is_given_back_and_kept_stores_stay(monkeypatch, tmp_path):
+    controlled_rates(monkeypatch, lambda settings: 100.0)
+    data = SleepyDataset(n=128, delay_s=0.001)
+    plain, _ = fit([], data, epochs=4)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False, keep_sample_cache=True)
+    tuned, _ = fit([callback], data, epochs=4)
+    assert callback.report.changes == [] and tuned.seen == plain.seen
+    assert any("sample cache not kept" in n for n in callback.report.notes)
+    kept = list((tmp_path / "sample-cache").iterdir())
+    assert len(kept) == 1 and (kept[0] / "index").exists()
+
+
+def test_a_random_dataset_is_refused_with_the_reason_and_trains_as_without_pipeopt():
+    data = RandomItems(n=64, delay_s=0.0)
+    plain, _ = fit([], data, epochs=2)
+    callback = quiet_pipeopt(tune=("cache",))
+    tuned, _ = fit([callback], data, epochs=2)
+    skipped = {s.group: s.reason for s in callback.report.skipped}
+    assert "draws from a global random generator" in skipped["cache"]
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+
+
+def test_a_fit_of_one_epoch_does_not_build_a_cache():
+    callback = quiet_pipeopt(tune=("cache",))
+    fit([callback], SleepyDataset(n=256, delay_s=0.0), epochs=1)
+    skipped = {s.group: s.reason for s in callback.report.skipped}
+    assert "from the second epoch" in skipped["cache"] and callback.report.sample_cache is None
+
+
+def test_bad_sample_cache_options_name_the_argument():
+    import pytest
+
+    with pytest.raises(ValueError, match="sample_cache_share"):
+        PipeOpt(sample_cache_share=0)
+    with pytest.raises(ValueError, match="keep_sample_cache"):
+        PipeOpt(keep_sample_cache="yes")

@@ -1,0 +1,112 @@
+"""The sample-cache session against a fake switcher in synthetic worlds: it waits until the store is warm on every
+rank, keeps the cache only when faster beyond noise, cuts workers the cache made idle, and restores otherwise."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeopt.tuning.cache_session import CacheSession
+from pipeopt.tuning.loader_search import LoaderSettings
+from pipeopt.tuning.session import TrialWindows
+from tests.helpers import make_window
+from tests.tuning.test_session import FakeSwitcher
+
+EIGHT = LoaderSettings(num_workers=8, prefetch_factor=2, persistent_workers=True, pin_memory=False)
+
+
+def world_storage_bound(settings: LoaderSettings) -> tuple[float, float]:
+    """Samples/s and data wait: each sample waits on storage; from the store the step's compute (1000/s) limits."""
+    if settings.cache:
+        return (1000.0, 0.01) if settings.num_workers >= 2 else (950.0 if settings.num_workers == 1 else 700.0, 0.2)
+    return 400.0 * min(settings.num_workers, 8) / 8, 0.6
+
+
+def world_compute_light(settings: LoaderSettings) -> tuple[float, float]:
+    """The cache saves nothing measurable: loading was cheap already."""
+    return 500.0, 0.15
+
+
+def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_cold: bool = False,
+        before_wait: float | None = 0.6, windows: int = 20):
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    seen = {"windows": 0}
+
+    def agree(values):
+        values = list(values)
+        if other_rank_cold:
+            values[5] = 1.0  # the "cold" slot: another rank's store is not warm yet
+        return values
+
+    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None),
+                           warm=lambda: seen["windows"] >= warm_after, fills=lambda: installed_fills, agree=agree)
+    session.begin(before_wait)
+    for _ in range(windows):
+        if session.state == "done":
+            break
+        rate, wait = world(switcher.current)
+        session.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01))
+        seen["windows"] += 1
+        session.on_step_end()
+    return session, switcher
+
+
+def test_the_cache_is_tried_once_the_store_is_warm_and_kept_with_fewer_workers():
+    session, switcher = run(world_storage_bound)
+    # two windows filling (cold), then before, the cache with 8, 4, 2 and 1 workers (1 is slower beyond noise)
+    tried = [(s.num_workers, s.cache) for s in switcher.switches]
+    assert tried[:4] == [(8, True), (4, True), (2, True), (1, True)]
+    assert session.kept == dataclasses.replace(EIGHT, num_workers=2, cache=True)
+    assert switcher.current == session.kept
+    knobs = {c.knob: (c.before, c.after) for c in session.outcome.changes}
+    assert knobs == {"cache": (False, True), "num_workers": (8, 2)}
+    cache_change = session.outcome.changes[0]
+    assert cache_change.predicted_speedup == 2.5 and cache_change.measured_speedup == 2.5
+    assert session.trial_speedup == 2.5
+
+
+def test_nothing_is_tried_while_any_rank_is_cold():
+    session, switcher = run(world_storage_bound, other_rank_cold=True)
+    assert session.state == "wait" and switcher.switches == []
+
+
+def test_a_cache_that_is_not_faster_is_not_kept_and_the_settings_in_place_return():
+    session, switcher = run(world_compute_light)
+    assert session.state == "done" and session.kept is None
+    assert [s.cache for s in switcher.switches] == [True, False]  # one trial, then back
+    assert switcher.current == EIGHT
+    assert any("not faster beyond noise" in n for n in session.outcome.notes)
+
+
+def test_a_compute_bound_run_is_left_alone():
+    session, switcher = run(world_storage_bound, before_wait=0.05)
+    assert session.state == "done" and switcher.switches == [] and session.kept is None
+    assert any("compute-bound" in n for n in session.outcome.notes)
+
+
+def test_the_users_own_loader_is_replaced_by_a_filling_copy_before_waiting():
+    session, switcher = run(world_storage_bound, installed_fills=False, warm_after=100, windows=3)
+    assert switcher.switches == [EIGHT] and session.state == "wait"
+
+
+def test_an_after_window_that_falls_back_reverts():
+    calls = {"n": 0}
+
+    def fades(settings):
+        calls["n"] += 1
+        if settings.cache and calls["n"] >= 8:  # the after-windows: no better than before
+            return 400.0, 0.6
+        return world_storage_bound(settings)
+
+    session, switcher = run(fades)
+    assert session.kept is None and switcher.current == EIGHT
+    assert any("not faster beyond noise" in n for n in session.outcome.notes)
+
+
+def test_resume_applies_the_kept_cache_without_trials():
+    switcher = FakeSwitcher()
+    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None), warm=lambda: False,
+                           fills=lambda: True)
+    kept = dataclasses.replace(EIGHT, num_workers=2, cache=True)
+    session.restore(kept)
+    assert switcher.switches == [kept] and session.state == "done" and session.kept == kept
