@@ -172,6 +172,7 @@ class LoaderSwitcher:
         self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
         self._dali = dali
         self.cache = cache  # every DataLoader pipeopt builds fills it; settings with ``cache`` read from it
+        self.before_first_switch: Callable[[], object] | None = None  # called once, before the first switch
 
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], Any]:
@@ -217,6 +218,9 @@ class LoaderSwitcher:
 
     def switch(self, settings: LoaderSettings, *, timeout_s: float | None = None) -> None:
         """Continue the running epoch with ``settings`` (and use them for later epochs)."""
+        hook, self.before_first_switch = self.before_first_switch, None
+        if hook is not None:
+            hook()
         handover = self._live_handover()
         self.fallback = self.current  # known to work: the run is using it
         iterator, loader = self._start(settings, handover.stream, timeout_s)

@@ -33,39 +33,46 @@ WARM_SHARE = 0.9
 def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter, switcher: LoaderSwitcher | None, *,
                         say: Callable[[str], None], agree: ReduceMax, restored: dict[str, Any] | None,
                         more_epochs: bool, short: str | None) -> tuple[CacheSession, LoaderSwitcher] | str:
-    """The cache session of this fit (and the switcher its loaders go through), or why there is none. Every rank
-    takes part in its two collectives, and all ranks run it or none."""
-    fit_id = trainer.strategy.broadcast(os.getpid())  # rank zero's process: names this fit's store on every node
+    """The cache session of this fit (and the switcher its loaders go through), or why there is none. Nothing of the
+    user's is called here: the dataset is checked, and the store made, only when pipeopt first switches loaders -
+    on every rank at the same step - because the run is input-bound (``prepare``)."""
     resuming = restored is not None and "cache" in restored
     found = _cacheable(trainer, short=None if resuming else short, more_epochs=more_epochs or resuming)
-    if agree([1.0 if isinstance(found, str) else 0.0])[0] > 0 and not isinstance(found, str):
-        found = "another rank's dataset cannot be cached"
     if isinstance(found, str):
         return found
-    user, split, digest = found
+    user, split = found
     switcher = switcher or LoaderSwitcher(trainer)
-    name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
-    switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
     per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
-    store = switcher.cache.store
+
+    def prepare() -> str | None:
+        fit_id = trainer.strategy.broadcast(os.getpid())  # rank zero's process: names this fit's store
+        why, digest = refusal(split)
+        if agree([1.0 if why is not None else 0.0])[0] > 0 and why is None:
+            why = "another rank's dataset cannot be cached"  # all ranks run the cache, or none
+        if why is None:
+            name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
+            switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
+        return why
 
     def warm() -> bool:
-        stats = store.stats()
-        return stats.full or stats.stored >= WARM_SHARE * per_epoch
+        stats = switcher.cache.store.stats() if switcher.cache is not None else None
+        return stats is not None and (stats.full or stats.stored >= WARM_SHARE * per_epoch)
 
     windows = TrialWindows(meter.reset, config.window, config.window_s, None)
     planned = _lightning.planned_steps(trainer)
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
-                           say=say if trainer.is_global_zero else (lambda line: None),
+                           say=say if trainer.is_global_zero else (lambda line: None), prepare=prepare,
                            steps_left=lambda: None if planned is None else planned - trainer.global_step)
+    switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
         kept = restored["cache"]
         session.restore(LoaderSettings(**kept) if kept else None)
     return session, switcher
 
 
-def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> tuple[Any, Split, bytes] | str:
-    """The train loader, how its dataset's items split and a digest of the items checked - or why not."""
+def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> tuple[Any, Split] | str:
+    """The train loader and how its dataset's items would split - or why the cache cannot run (nothing is
+    fetched)."""
     combined = _lightning.train_combined_loader(trainer)
     flattened = list(combined.flattened) if combined is not None else []
     if len(flattened) != 1:
@@ -78,10 +85,7 @@ def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> tuple[A
     if not more_epochs:
         return "a sample cache pays from the second epoch on, and this fit ends in its first"
     split = plan(flattened[0].dataset)
-    if isinstance(split, str):
-        return split
-    why, digest = refusal(split)
-    return why if why is not None else (flattened[0], split, digest)
+    return split if isinstance(split, str) else (flattened[0], split)
 
 
 def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> SampleStore:

@@ -201,7 +201,8 @@ class TuningRun:
     def report(self, trainer: Any, windows: list[WindowStats], instruments: Instruments) -> Report:
         current = self.switcher.current.describe() if self.switcher is not None else None
         cache = self.sample_cache
-        report = assemble(windows=windows, environment=instruments.environment, skipped=self.skipped,
+        refused = [Skipped("cache", cache.refused)] if cache is not None and cache.refused else []
+        report = assemble(windows=windows, environment=instruments.environment, skipped=self.skipped + refused,
                           steps_measured=instruments.meter.steps_seen,
                           dropped_partial=instruments.timer.dropped_partial, session=self.session,
                           current_loader=current, precision=self.precision.outcome() if self.precision else None,

@@ -67,8 +67,10 @@ class CacheSession:
     def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
-                 ) -> None:
+                 prepare: Callable[[], str | None] = lambda: None) -> None:
         self._switcher, self._windows, self._warm, self._fills = switcher, windows, warm, fills
+        self._prepare: Callable[[], str | None] | None = prepare
+        self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
         self.state = CachePhase.WAIT
         self.started = False
@@ -84,6 +86,13 @@ class CacheSession:
         self.outcome = Outcome()
 
     # -- the loop ---------------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Check the dataset and make the store, once: before pipeopt first switches loaders (the loader search's
+        first trial fills it already), or when this session begins."""
+        prepare, self._prepare = self._prepare, None
+        if prepare is not None:
+            self.refused = prepare()
+
     def begin(self, data_wait_frac: float | None = None) -> None:
         """The other groups are done: fill with the settings in place (on a loader of pipeopt's), then wait - unless
         the loader search found the run compute-bound (``data_wait_frac``: its before-window's wait)."""
@@ -91,6 +100,10 @@ class CacheSession:
         self._applied = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
             self._finish(_compute_bound(data_wait_frac))
+            return
+        self.prepare()
+        if self.refused is not None:  # in the report's skipped groups
+            self.state = CachePhase.DONE
             return
         if not self._fills():
             self._switcher.switch(self.baseline)
@@ -251,6 +264,9 @@ class CacheSession:
         self.started, self.state = True, CachePhase.DONE
         if settings is None or not settings.cache:
             self.outcome.notes.append("resumed from a checkpoint whose tuning did not keep the sample cache")
+            return
+        self.prepare()
+        if self.refused is not None:
             return
         self._switcher.switch(settings)
         self._switcher.settle()

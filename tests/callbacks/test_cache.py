@@ -103,3 +103,20 @@ def test_bad_sample_cache_options_name_the_argument():
         PipeOpt(sample_cache_share=0)
     with pytest.raises(ValueError, match="keep_sample_cache"):
         PipeOpt(keep_sample_cache="yes")
+
+
+def test_a_run_the_loader_does_not_limit_never_has_its_dataset_called_outside_training():
+    def heavy_fit(callbacks):
+        pl.seed_everything(3, verbose=False)
+        model = Regressor(hidden=1024, depth=6)  # a step of ~10 ms of compute against microseconds of loading
+        trainer = pl.Trainer(max_epochs=3, callbacks=callbacks, **quiet_trainer_kwargs())
+        trainer.fit(model, DataLoader(CountingDataset(n=192, delay_s=0.0), batch_size=8))
+
+    CountingDataset.made = 0
+    heavy_fit([])
+    plain, CountingDataset.made = CountingDataset.made, 0
+    callback = quiet_pipeopt(tune=("loader", "cache"))
+    heavy_fit([callback])
+    assert callback.report.trials[1:] == [] and any("compute-bound" in n for n in callback.report.notes)
+    assert CountingDataset.made == plain  # no determinism check, no store: the dataset saw only training
+    assert callback.report.sample_cache is None

@@ -3,6 +3,7 @@
 import io
 
 import pytorch_lightning as pl
+import torch
 from rich.console import Console
 from torch.utils.data import DataLoader
 
@@ -68,3 +69,37 @@ def test_resume_applies_the_tuned_precision_and_batch_plan_without_trying_again(
     assert counter.per_step == [32] * 16  # the resumed epoch: the same effective batch, in micro-batches of 8
     assert {c.knob: c.after for c in resumed.report.changes} == {
         "precision": "bf16-mixed", "batch_size": 8, "accumulate_grad_batches": 4}
+
+
+def test_resume_reads_from_the_sample_cache_again_without_a_trial_and_trains_as_without_pipeopt(tmp_path,
+                                                                                                 monkeypatch):
+    controlled_rates(monkeypatch, lambda s: 300.0 if s.cache else 100.0)  # reading from the store wins
+
+    def fit(epochs, callbacks, ckpt_path=None, directory=tmp_path / "ckpt"):
+        pl.seed_everything(0, verbose=False)
+        model = Regressor(dropout=0.5)
+        checkpoint = pl.callbacks.ModelCheckpoint(dirpath=directory, save_last=True)
+        trainer = pl.Trainer(max_epochs=epochs, callbacks=[*callbacks, checkpoint],
+                             **quiet_trainer_kwargs(enable_checkpointing=True))
+        trainer.fit(model, DataLoader(SleepyDataset(n=128, delay_s=0.001), batch_size=8, shuffle=True),
+                    ckpt_path=ckpt_path)
+        return model
+
+    def tuner():
+        return PipeOpt(tune=("cache",), window=4, window_s=0, warmup=2, report_dir=tmp_path / "reports",
+                       cache=False, console=Console(file=io.StringIO()))
+
+    first = tuner()
+    fit(5, [first])
+    assert [c.knob for c in first.report.changes] == ["cache"]
+    resumed = tuner()
+    model = fit(7, [resumed], ckpt_path=tmp_path / "ckpt" / "last.ckpt")
+    assert [c.knob for c in resumed.report.changes] == ["cache"]
+    assert not any(w.label.startswith("cache") for w in resumed.windows)  # no trial, no waiting: applied at once
+    rows = resumed.report.sample_cache.epochs
+    assert [r["reading"] for r in rows] == [True, True] and rows[-1]["hit_rate"] == 1.0  # refilled, then read
+    plain_first = fit(5, [], directory=tmp_path / "plain")
+    plain = fit(7, [], ckpt_path=tmp_path / "plain" / "last.ckpt", directory=tmp_path / "plain")
+    assert plain_first is not None
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, model.state_dict()[name]), name
