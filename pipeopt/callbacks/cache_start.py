@@ -91,8 +91,8 @@ def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> tuple[A
 def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> SampleStore:
     """The node's store, shared by its ranks (each fills it with what its sampler gives it and reads what any of
     them stored: a DistributedSampler reshuffles the shards every epoch): under ``sample_cache_dir`` (sized by its
-    free space) or under the report directory (sized by free memory; a temporary directory when no files are
-    written), ``sample_cache_share`` of it."""
+    free space) or under the report directory (sized by free memory, and that directory's free space; a temporary
+    directory when no files are written), ``sample_cache_share`` of it."""
     if config.sample_cache_dir is not None:
         root = config.sample_cache_dir
         root.mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,8 @@ def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> Sample
     else:
         root = (config.report_dir / "sample-cache") if config.report_dir is not None else \
             Path(tempfile.gettempdir()) / "pipeopt-sample-cache"
-        free = psutil.virtual_memory().available
+        root.mkdir(parents=True, exist_ok=True)
+        free = min(psutil.virtual_memory().available, shutil.disk_usage(root).free)  # the page cache holds it
     budget = max(1, int(config.sample_cache_share * free))
     slot = trainer.local_rank % SLOTS
     return SampleStore(root / f"{name}-{socket.gethostname()}", len(split), budget, slot=slot)

@@ -153,7 +153,8 @@ class TuningRun:
             precision.begin(windows)
         if cache is not None and not cache.started and all(g.decided for g in (plan, precision) if g is not None):
             search = self.session.search if self.session is not None else None
-            cache.begin(search.baseline.data_wait_frac if search is not None else None)
+            filler = search.best_dataloader() if search is not None else None
+            cache.begin(search.baseline.data_wait_frac if search is not None else None, filler)
 
     def on_window(self, stats: WindowStats) -> None:
         """A window closed: it belongs to the group measuring now."""

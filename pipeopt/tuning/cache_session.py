@@ -75,6 +75,7 @@ class CacheSession:
         self.state = CachePhase.WAIT
         self.started = False
         self.baseline: LoaderSettings = switcher.current
+        self._cached_base: LoaderSettings = switcher.current  # what a cached trial changes (the filler under DALI)
         self._applied: LoaderSettings = switcher.current
         self._pending: WindowStats | None = None
         self._failure: BaseException | None = None
@@ -93,17 +94,27 @@ class CacheSession:
         if prepare is not None:
             self.refused = prepare()
 
-    def begin(self, data_wait_frac: float | None = None) -> None:
-        """The other groups are done: fill with the settings in place (on a loader of pipeopt's), then wait - unless
-        the loader search found the run compute-bound (``data_wait_frac``: its before-window's wait)."""
+    def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None) -> None:
+        """The other groups are done: fill with the settings in place (on a loader of pipeopt's) - or, when DALI is
+        in place, with ``filler`` (the best DataLoader setting measured) - then wait; unless the loader search found
+        the run compute-bound (``data_wait_frac``: its before-window's wait)."""
         self.started, self.baseline = True, self._switcher.current
         self._applied = self.baseline
+        self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
             self._finish(_compute_bound(data_wait_frac))
             return
         self.prepare()
         if self.refused is not None:  # in the report's skipped groups
             self.state = CachePhase.DONE
+            return
+        if self.baseline.dali:  # DALI reads the files itself: a DataLoader fills the store, then DALI is measured
+            if filler is None:
+                self._finish("DALI is in place and no DataLoader setting was measured to fill the store with")
+                return
+            self._cached_base = filler
+            self._apply(filler, "filling the sample cache")
+            self._switcher.settle()
             return
         if not self._fills():
             self._switcher.switch(self.baseline)
@@ -130,7 +141,10 @@ class CacheSession:
         if self.state is CachePhase.WAIT:
             if not figures.cold:
                 self.state = CachePhase.BEFORE
-                self._windows.measure("cache: before", 0, self._applied)
+                if self._applied != self.baseline:  # filled by a DataLoader: DALI again for the window before
+                    self._apply(self.baseline, "cache: before")
+                else:
+                    self._windows.measure("cache: before", 0, self._applied)
         elif self.state is CachePhase.BEFORE:
             self._on_before(measured, figures.data_wait_frac)
         elif self.state is CachePhase.TRIAL:
@@ -148,7 +162,7 @@ class CacheSession:
             self._finish(_compute_bound(data_wait_frac))
             return
         self.before = rate
-        self._try(dataclasses.replace(self.baseline, cache=True))
+        self._try(dataclasses.replace(self._cached_base, cache=True))
 
     def _on_trial(self, rate: Rate | None, wait: float | None, error: BaseException | None) -> None:
         settings = self._applied
@@ -176,7 +190,7 @@ class CacheSession:
         n = last.settings.num_workers
         if n == 0 or len(self.trials) > MAX_FEWER:
             return None
-        fewer = last.settings.with_workers(n // 2, persistent=self.baseline.persistent_workers)
+        fewer = last.settings.with_workers(n // 2, persistent=self._cached_base.persistent_workers)
         left = self._steps_left()
         if left is not None and left < self._windows.trial_steps(self._applied, fewer):
             return None
@@ -226,6 +240,8 @@ class CacheSession:
         why = (f"{before.value:,.1f} -> {after.value:,.1f} samples/s reading each sample's deterministic part from "
                "the store (trial, then after-window)")
         changes = [Change("cache", False, True, why, predicted, measured)]
+        if self.baseline.dali:
+            changes.append(Change("dali", self.baseline.dali, None, "the cached DataLoader was faster"))
         if chosen.settings.num_workers != self.baseline.num_workers:
             changes.append(Change("num_workers", self.baseline.num_workers, chosen.settings.num_workers,
                                   "the cheapest worker count no other cached trial beat beyond noise"))

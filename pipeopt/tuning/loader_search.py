@@ -183,6 +183,11 @@ class LoaderSearch:
 
         return min(unbeaten or ok, key=cost)
 
+    def best_dataloader(self) -> LoaderSettings | None:
+        """The fastest DataLoader setting measured (None when only DALI was): what fills a sample cache under DALI."""
+        ok = [t for t in self.trials if t.ok and not t.settings.dali]
+        return max(ok, key=lambda t: measured(t.rate).value).settings if ok else None
+
     def summary(self) -> list[str]:
         """How the search went, as report notes: why it stopped."""
         return [f"loader search stopped: {self.stop_reason}"] if self.stop_reason else []

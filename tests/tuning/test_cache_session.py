@@ -110,3 +110,34 @@ def test_resume_applies_the_kept_cache_without_trials():
     kept = dataclasses.replace(EIGHT, num_workers=2, cache=True)
     session.restore(kept)
     assert switcher.switches == [kept] and session.state == "done" and session.kept == kept
+
+
+def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
+    dali = LoaderSettings.dali_on("cpu")
+    two = dataclasses.replace(EIGHT, num_workers=2)
+
+    def world(settings):
+        if settings.dali:
+            return 500.0, 0.3
+        if settings.cache:
+            return {2: 900.0, 1: 890.0, 0: 500.0}[settings.num_workers], 0.02
+        return 400.0, 0.5
+
+    switcher = FakeSwitcher()
+    switcher.current = dali
+    windows = {"n": 0}
+    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None), warm=lambda: windows["n"] >= 2,
+                           fills=lambda: False)
+    session.begin(0.3, filler=two)
+    for _ in range(20):
+        if session.state == "done":
+            break
+        rate, wait = world(switcher.current)
+        session.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01))
+        windows["n"] += 1
+        session.on_step_end()
+    assert switcher.switches[:2] == [two, dali]  # filled by the DataLoader, then DALI measured for the window before
+    assert [(s.num_workers, s.cache) for s in switcher.switches[2:5]] == [(2, True), (1, True), (0, True)]
+    assert session.kept == dataclasses.replace(two, num_workers=1, cache=True)
+    assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
+        "cache": (False, True), "dali": ("cpu", None), "num_workers": (0, 1)}
