@@ -16,7 +16,7 @@ VPY         := $(VISION_VENV)/bin/python
 VISION_STAMP := $(VISION_VENV)/.pipeopt-installed
 VISION_TESTS := tests/dali tests/callbacks/test_dali.py tests/apply/test_sample_cache_vision.py
 
-.PHONY: install browser demo test test-repeat test-lightning bench bench-dali clean
+.PHONY: install browser demo test test-repeat test-lightning bench bench-dali bench-cache clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ bench: $(STAMP)
 
 bench-dali: $(VISION_STAMP)
 	$(VPY) -m benchmarks.dali_decode
+
+# The sample cache against the best DataLoader and the compute-only ceiling: storage scenarios in .venv, the
+# ImageFolder ones (torchvision, DALI) in .venv-vision; one results file.
+bench-cache: $(STAMP) $(VISION_STAMP)
+	$(PY) -m benchmarks.sample_cache --scenarios storage_latency storage_latency_high
+	$(VPY) -m benchmarks.sample_cache --scenarios validation_chain imagefolder_decode
 
 clean:
 	rm -rf $(VENV) $(VISION_VENV) $(LVENV) pipeopt_reports .pytest_cache .test-repeat

@@ -298,6 +298,11 @@ def write_markdown() -> Path:
     predict = RESULTS / "predict_verify.json"
     if predict.exists():
         lines += predict_verify_rows(json.loads(predict.read_text()))
+    cached = RESULTS / "sample_cache.json"
+    if cached.exists():
+        from benchmarks.sample_cache import sample_cache_rows  # imports pipeopt's callback: only when there is data
+
+        lines += sample_cache_rows(json.loads(cached.read_text()))
     book = RESULTS / "bookkeeping.json"
     if book.exists():
         b = json.loads(book.read_text())

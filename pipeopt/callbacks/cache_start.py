@@ -27,7 +27,7 @@ from pipeopt.tuning.session import TrialWindows
 
 #: The store is warm once it holds this share of the samples an epoch of the node's ranks draws (or its budget is
 #: spent): the rest are made, and stored, as before.
-WARM_SHARE = 0.9
+WARM_SHARE = 0.8
 
 
 def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter, switcher: LoaderSwitcher | None, *,

@@ -1,0 +1,306 @@
+"""The sample cache against the best DataLoader setting and the compute-only ceiling, epoch by epoch.
+
+    python -m benchmarks.sample_cache [--repeats 2] [--scenarios storage_latency storage_latency_high]
+    .venv-vision/bin/python -m benchmarks.sample_cache --scenarios validation_chain imagefolder_decode
+    (``make bench-cache`` runs both)
+
+For each scenario, in one invocation and in rounds whose order rotates (every repeat kept):
+- **ceiling**: the same model and step over batches already resident in memory (one epoch's batches, made once by
+  a DataLoader beforehand and replayed every epoch): what the step alone allows;
+- **grid**: the DataLoader at each of the scenario's settings (no cache);
+- **pipeopt**: the naive loader (``num_workers=0``) under ``PipeOpt(tune=...)`` with the ``"cache"`` group.
+Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
+epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
+Memory: the peak proportional set size (PSS) of the whole process tree (main process and loader workers), sampled
+every 0.25 s, and the store's bytes beside its budget (the store lives in the page cache, outside any process's
+PSS). Writes ``benchmarks/results/sample_cache.json`` (merged per scenario, so the two venvs' runs sit side by
+side), a copy in ``results/history/`` and the tables in ``results/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytorch_lightning as pl
+from rich.console import Console
+from torch.utils.data import DataLoader, Dataset
+
+from benchmarks.harness import median
+from benchmarks.run import RESULTS, keep_in_history, machine, write_markdown
+from benchmarks.scenarios.base import label
+from benchmarks.scenarios.workloads import CACHE, Classifier, SlowStorage, jpeg_folder, mlp, small_cnn
+from pipeopt import PipeOpt
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@dataclass(frozen=True)
+class CacheScenario:
+    name: str
+    description: str
+    make_dataset: Callable[[], Dataset]
+    make_model: Callable[[], pl.LightningModule]
+    batch_size: int
+    epochs: int
+    grid: tuple[dict[str, Any], ...]
+    tune: tuple[str, ...]
+    vision: bool = False
+
+
+def _workers(*counts: int, prefetch: int = 2) -> tuple[dict[str, Any], ...]:
+    return tuple({"num_workers": n, "persistent_workers": True, "prefetch_factor": prefetch} for n in counts)
+
+
+def image_folder(copies: int = 8) -> Path:
+    """``jpeg_folder()``'s 512 JPEGs as an ImageFolder of ``copies`` x 512 entries (links): long epochs, real
+    decodes (each entry is cached apart, as distinct files would be)."""
+    source = sorted(jpeg_folder().glob("*.jpg"))
+    root = CACHE / f"imagefolder-{copies}x512-384"
+    done = root / ".complete"
+    if not done.exists():
+        for c in range(copies):
+            for i, path in enumerate(source):
+                target = root / f"class{i % 10}" / f"{c}-{path.name}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.exists():
+                    target.symlink_to(path)
+        done.write_text("ok")
+    return root
+
+
+def _folder(*steps: Any) -> Dataset:
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    return datasets.ImageFolder(image_folder(), transform=T.Compose([*steps, T.ToTensor(), T.Normalize(MEAN, STD)]))
+
+
+def validation_chain() -> Dataset:
+    from torchvision import transforms as T
+
+    return _folder(T.Resize(128), T.CenterCrop(112))
+
+
+def random_crop_chain() -> Dataset:
+    from torchvision import transforms as T
+
+    return _folder(T.RandomResizedCrop(112, scale=(0.25, 1.0)), T.RandomHorizontalFlip())
+
+
+SCENARIOS = {s.name: s for s in (
+    CacheScenario("storage_latency", "8 samples/step, 10 ms storage latency per sample, 2x2048 MLP; 2,400 samples "
+                  "(300 steps) an epoch", lambda: SlowStorage(n=2400, delay_s=0.010),
+                  lambda: Classifier(mlp(64, 2048, 2)), 8, 5, _workers(8, 16) + _workers(32, prefetch=4),
+                  ("loader", "cache")),
+    CacheScenario("storage_latency_high", "as storage_latency with 40 ms a sample: even 64 workers cannot hide it "
+                  "on 2 CPUs", lambda: SlowStorage(n=2400, delay_s=0.040), lambda: Classifier(mlp(64, 2048, 2)), 8,
+                  5, _workers(16, 32, prefetch=4) + _workers(64, prefetch=4), ("loader", "cache")),
+    CacheScenario("validation_chain", "ImageFolder of 4,096 384 px JPEGs, Resize(128) + CenterCrop(112) + ToTensor + "
+                  "Normalize (all deterministic), small CNN, 32/step", validation_chain,
+                  lambda: Classifier(small_cnn(10)), 32, 5, ({"num_workers": 0},) + _workers(1, 2, 3, 4),
+                  ("loader", "cache"), vision=True),
+    CacheScenario("imagefolder_decode", "the same ImageFolder, RandomResizedCrop(112) + flip + ToTensor + Normalize "
+                  "(only the decode is cacheable), small CNN, 32/step; DALI allowed too", random_crop_chain,
+                  lambda: Classifier(small_cnn(10)), 32, 5, ({"num_workers": 0},) + _workers(1, 2, 3, 4),
+                  ("loader", "dali", "cache"), vision=True),
+)}
+
+
+class BatchClock(pl.Callback):
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+
+class PeakPss:
+    """The largest PSS of this process and all its descendants, sampled every ``every_s`` in a thread."""
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        self.peak, self._every, self._stop = 0, every_s, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakPss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_full_info().pss
+                except (psutil.Error, OSError):
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self._every)
+
+
+def epoch_rates(ends: list[float], steps: int, batch_size: int, start: float) -> list[float]:
+    """Samples/s of each epoch: its batches over the time from the previous epoch's last batch end."""
+    rates, previous = [], start
+    for k in range(len(ends) // steps):
+        last = ends[(k + 1) * steps - 1]
+        rates.append(steps * batch_size / (last - previous))
+        previous = last
+    return rates
+
+
+def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback]) -> dict[str, Any]:
+    pl.seed_everything(0, verbose=False)
+    clock = BatchClock()
+    trainer = pl.Trainer(accelerator="auto", devices=1, max_epochs=s.epochs, callbacks=[clock, *callbacks],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    with PeakPss() as pss:
+        start = time.perf_counter()
+        trainer.fit(s.make_model(), loader)
+        wall = time.perf_counter() - start
+    steps = len(clock.ends) // s.epochs
+    rates = epoch_rates(clock.ends, steps, s.batch_size, start)
+    from2 = (len(clock.ends) - steps) * s.batch_size / (clock.ends[-1] - clock.ends[steps - 1])
+    return {"epoch_samples_per_s": rates, "from_epoch2_samples_per_s": from2, "wall_s": wall,
+            "peak_pss_bytes": pss.peak}
+
+
+class Resident:
+    """Batches already in memory, replayed every epoch (an iterable with a length: one train loader to Lightning)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def ceiling_batches(s: CacheScenario, dataset: Dataset) -> Resident:
+    """One epoch's batches, made beforehand (with many workers: only their values matter) and kept resident."""
+    workers = 32 if not s.vision else 2
+    return Resident(list(DataLoader(dataset, batch_size=s.batch_size, shuffle=True, drop_last=True,
+                                    num_workers=workers)))
+
+
+def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path) -> dict[str, Any]:
+    callback = PipeOpt(tune=s.tune, report_dir=report_dir, cache=False, console=Console(file=io.StringIO()))
+    out = fit(s, DataLoader(dataset, batch_size=s.batch_size, shuffle=True, drop_last=True), [callback])
+    report = callback.report
+    cache = report.sample_cache
+    out.update(
+        kept={c.knob: c.after for c in report.changes},
+        loader_trials=len(report.trials) - 1,
+        cache=None if cache is None else {
+            "cached": cache.cached, "kept": cache.kept, "stored": cache.stored, "length": cache.length,
+            "bytes_used": cache.bytes_used, "budget_bytes": cache.budget_bytes, "fill_s": cache.fill_s,
+            "trial_speedup": cache.trial_speedup, "epochs": cache.epochs},
+        cache_windows=[w.label for w in callback.windows if w.label.startswith(("cache", "filling"))],
+        notes=[n for n in report.notes if "cache" in n],
+        skipped=[[k.group, k.reason] for k in report.skipped])
+    return out
+
+
+def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
+    dataset = s.make_dataset()
+    resident = ceiling_batches(s, dataset)
+    rounds = []
+    for r in range(repeats):
+        arms: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            ("ceiling", lambda: fit(s, resident, [])),
+            *[(label(g), lambda g=g: fit(s, DataLoader(dataset, batch_size=s.batch_size, shuffle=True,
+                                                       drop_last=True, **g), [])) for g in s.grid],
+            ("pipeopt", lambda: pipeopt_arm(s, dataset, Path(tempfile.mkdtemp(prefix="pipeopt-bench-")))),
+        ]
+        shift = r % len(arms)
+        measured = {}
+        for name, run in arms[shift:] + arms[:shift]:
+            measured[name] = run()
+            print(f"{s.name} round {r}: {name}: {measured[name]['from_epoch2_samples_per_s']:,.1f} samples/s "
+                  f"from epoch 2", flush=True)
+        grid = {label(g): measured[label(g)] for g in s.grid}
+        best = max(grid, key=lambda k: grid[k]["from_epoch2_samples_per_s"])
+        p, c = measured["pipeopt"]["from_epoch2_samples_per_s"], measured["ceiling"]["from_epoch2_samples_per_s"]
+        rounds.append({"arms": measured, "best_dataloader": best,
+                       "pipeopt_over_ceiling": p / c,
+                       "pipeopt_over_best_dataloader": p / grid[best]["from_epoch2_samples_per_s"],
+                       "best_dataloader_over_ceiling": grid[best]["from_epoch2_samples_per_s"] / c})
+    return {"scenario": s.name, "description": s.description, "epochs": s.epochs, "tune": list(s.tune),
+            "batch_size": s.batch_size, "rounds": rounds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--scenarios", nargs="+", default=["storage_latency", "storage_latency_high"],
+                        choices=sorted(SCENARIOS))
+    args = parser.parse_args(argv)
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    path = RESULTS / "sample_cache.json"
+    results = json.loads(path.read_text()) if path.exists() else {"scenarios": {}}
+    command = "python -m benchmarks.sample_cache " + " ".join(argv if argv is not None else [])
+    for name in args.scenarios:
+        figures = scenario_figures(SCENARIOS[name], args.repeats)
+        figures.update(command=command.strip(), machine=machine(),
+                       created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        results["scenarios"][name] = figures
+        keep_in_history({**figures, "scenario": f"sample_cache_{name}"})
+        path.write_text(json.dumps(results, indent=2) + "\n")
+    write_markdown()
+    return 0
+
+
+def _mmm(values: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(median(values))} [{fmt.format(min(values))} - {fmt.format(max(values))}]"
+
+
+def sample_cache_rows(data: dict[str, Any]) -> list[str]:
+    """The results README's rows: per scenario, the ratios from epoch 2 (median [min - max] over rounds)."""
+    lines = ["", "| sample cache (`make bench-cache`) | ceiling samples/s | best DataLoader | its samples/s | "
+             "pipeopt samples/s | pipeopt / ceiling | pipeopt / best DataLoader | pipeopt kept | store used / "
+             "budget | peak PSS, pipeopt vs best DataLoader |", "|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
+    for name, s in data["scenarios"].items():
+        rounds = s["rounds"]
+        ceiling = [r["arms"]["ceiling"]["from_epoch2_samples_per_s"] for r in rounds]
+        ours = [r["arms"]["pipeopt"]["from_epoch2_samples_per_s"] for r in rounds]
+        best = [r["arms"][r["best_dataloader"]]["from_epoch2_samples_per_s"] for r in rounds]
+        kept = "; ".join(", ".join(f"{k}={v}" for k, v in r["arms"]["pipeopt"]["kept"].items()) or "no change"
+                         for r in rounds)
+        stores = [r["arms"]["pipeopt"]["cache"] for r in rounds if r["arms"]["pipeopt"]["cache"]]
+        used = "; ".join(f"{c['bytes_used'] / 2**20:,.0f} MiB / {c['budget_bytes'] / 2**30:,.1f} GiB" for c in stores)
+        pss = "; ".join(f"{r['arms']['pipeopt']['peak_pss_bytes'] / 2**30:.2f} vs "
+                        f"{r['arms'][r['best_dataloader']]['peak_pss_bytes'] / 2**30:.2f} GiB" for r in rounds)
+        bests = ", ".join(sorted({r["best_dataloader"] for r in rounds}))
+        lines.append(f"| {name} | {_mmm(ceiling, '{:,.0f}')} | {bests} | {_mmm(best, '{:,.0f}')} | "
+                     f"{_mmm(ours, '{:,.0f}')} | "
+                     f"{_mmm([r['pipeopt_over_ceiling'] for r in rounds])} | "
+                     f"{_mmm([r['pipeopt_over_best_dataloader'] for r in rounds])} | {kept} | {used or '-'} | {pss} |")
+    lines += ["", "Sample cache: every arm runs the same epochs, in rounds whose order rotates; figures from epoch 2 "
+              "on (every epoch after the first), median [min - max] over the rounds; ratios within a round. Ceiling: "
+              "the same step over one epoch's batches already in memory. Per-epoch figures, the cache's hit rate and "
+              "fill cost per run are in `sample_cache.json`."]
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
