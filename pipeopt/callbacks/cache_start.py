@@ -119,20 +119,26 @@ def _samples_per_epoch(trainer: Any, user: Any, length: int) -> int:
 
 class CacheLedger:
     """The sample cache over the fit, an epoch at a time: samples this rank trained, those its loaders made because
-    the store did not have them (stored or not), the hit rate while reading."""
+    the store did not have them (stored or not), and - for an epoch read from the store from start to end - the hit
+    rate (a loader that only fills makes every item, stored or not: no hit rate)."""
 
     def __init__(self) -> None:
         self.samples = 0  # trained in the running epoch
+        self.reading_at_start = False
         self.epochs: list[dict[str, Any]] = []
+
+    def epoch_started(self, reading: bool) -> None:
+        self.samples, self.reading_at_start = 0, reading
 
     def epoch_ended(self, cache: SampleCache | None, reading: bool) -> None:
         if cache is None:
             return
         misses = cache.store.stats().made - sum(row["misses"] for row in self.epochs)
-        samples, self.samples = self.samples, 0
-        hit_rate = max(0.0, 1.0 - misses / samples) if reading and samples else None
-        self.epochs.append(dict(epoch=len(self.epochs), reading=reading, samples=samples, misses=misses,
+        whole = reading and self.reading_at_start
+        hit_rate = max(0.0, 1.0 - misses / self.samples) if whole and self.samples else None
+        self.epochs.append(dict(epoch=len(self.epochs), reading=whole, samples=self.samples, misses=misses,
                                 hit_rate=hit_rate))
+        self.samples = 0
 
     def figures(self, cache: SampleCache | None, session: CacheSession | None) -> SampleCacheFigures | None:
         if cache is None or session is None:

@@ -113,6 +113,7 @@ class TuningRun:
         return self.session is None or self.session.state == "done"
 
     def epoch_started(self) -> None:
+        self._ledger.epoch_started(self.switcher is not None and self.switcher.current.cache)
         if self.batch is not None:
             self.batch.epoch_started()
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported at run time only when there is a run to tune (it i
 
 USAGE = """\
 pipeopt tune SCRIPT [--budget SECONDS] [--only GROUPS] [--report-dir DIR] [--full] [--no-cache | --cache FILE]
-             [--cost-per-hour PRICE] [-- SCRIPT ARGS...]
+             [--cost-per-hour PRICE] [--sample-cache-dir DIR] [--keep-sample-cache] [-- SCRIPT ARGS...]
 pipeopt report FILE.json [--html OUT.html]"""
 
 
@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--cost-per-hour", type=float, metavar="PRICE",
                       help="what an hour of the run's machines costs (any currency): the report then gives the cost "
                            "of an epoch and of the whole fit before and after tuning")
+    tune.add_argument("--sample-cache-dir", type=Path, metavar="DIR",
+                      help="a local disk directory for the sample cache (default: under the report directory, sized "
+                           "by free memory)")
+    tune.add_argument("--keep-sample-cache", action="store_true",
+                      help="keep the sample cache after the fit: a rerun on the same data starts with it filled")
     cache = tune.add_mutually_exclusive_group()
     cache.add_argument("--no-cache", action="store_true", help="neither use nor store tuned configurations")
     cache.add_argument("--cache", type=Path, metavar="FILE", help="the tuning cache file (default: see docs)")
@@ -96,7 +101,8 @@ def _tune(args: argparse.Namespace, script_args: list[str], parser: argparse.Arg
         groups = parse_only(args.only)
         options = dict(tune=groups, budget_s=args.budget, report_dir=args.report_dir,
                        cache=False if args.no_cache else (args.cache or True), stop_when_tuned=not args.full,
-                       cost_per_hour=args.cost_per_hour)
+                       cost_per_hour=args.cost_per_hour, sample_cache_dir=args.sample_cache_dir,
+                       keep_sample_cache=args.keep_sample_cache)
         PipeOptConfig(**options)  # every value checked before the script runs
     except ValueError as err:
         parser.error(str(err).replace("PipeOpt(budget_s=", "--budget (")

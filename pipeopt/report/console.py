@@ -108,8 +108,12 @@ def render(report: Report) -> Group:
     if report.fit is not None:
         parts.append(fit_section(report, report.fit))
     if report.sample_cache is not None:
-        parts.append(Panel("\n".join(cache_lines(report.sample_cache)), title="Sample cache", expand=False))
+        parts.append(cache_panel(report.sample_cache))
     return Group(*parts)
+
+
+def cache_panel(cache: SampleCacheFigures) -> Panel:
+    return Panel("\n".join(cache_lines(cache)), title="Sample cache", title_align="left", expand=False)
 
 
 def cache_lines(cache: SampleCacheFigures) -> list[str]:
@@ -123,8 +127,9 @@ def cache_lines(cache: SampleCacheFigures) -> list[str]:
     if cache.trial_speedup is not None:
         lines.append(f"Best cached trial: {cache.trial_speedup:.2f}x the window before it")
     for row in cache.epochs:
-        hits = f"hit rate {row['hit_rate']:.1%}" if row["hit_rate"] is not None else "not read (filling)"
-        lines.append(f"Epoch {row['epoch']}: {row['samples']:,} samples, {row['misses']:,} made and stored, {hits}")
+        hits = (f"read from the store throughout: hit rate {row['hit_rate']:.1%}" if row["hit_rate"] is not None
+                else "not read from the store throughout (filling)")
+        lines.append(f"Epoch {row['epoch']}: {row['samples']:,} samples, {row['misses']:,} made for the store, {hits}")
     return lines
 
 

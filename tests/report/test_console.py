@@ -73,8 +73,9 @@ def test_sample_cache_section():
     flat = " ".join(rendered(full_report()).replace("│", " ").split())
     for words in ("Sample cache", "Cached: each image read and decoded (uint8); kept: the run ended reading from it",
                   "Stored 96 of 96 items, 3.0 MiB of a 1.00 GiB budget", "Fill cost: 0.25 s of CPU in all",
-                  "Best cached trial: 1.60x the window before it", "Epoch 0: 96 samples, 96 made and stored, not read",
-                  "Epoch 1: 96 samples, 0 made and stored, hit rate 100.0%"):
+                  "Best cached trial: 1.60x the window before it",
+                  "Epoch 0: 96 samples, 96 made for the store, not read from the store throughout",
+                  "Epoch 1: 96 samples, 0 made for the store, read from the store throughout: hit rate 100.0%"):
         assert words in flat, words
 
 
