@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from pipeopt import _dataloader, _lightning
 from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, draws_each_epoch, peek_seed
-from pipeopt.apply.sample_cache import SampleCache
+from pipeopt.apply.sample_cache import CachedDataset, SampleCache
 from pipeopt.tuning.loader_search import LoaderSettings
 
 _INIT_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
@@ -230,8 +230,8 @@ class LoaderSwitcher:
 
     @property
     def fills(self) -> bool:
-        """The installed loader fills the sample store (it is one of pipeopt's DataLoaders, and there is a store)."""
-        return self.cache is not None and not self.current.dali and self._installed() is not self.user
+        """The installed loader fills the sample store (pipeopt built it over the store's dataset)."""
+        return isinstance(getattr(self._installed(), "dataset", None), CachedDataset)
 
     def settle(self) -> None:
         """The current settings are kept: the user's fetch timeout and torch's worker watch apply again, to the

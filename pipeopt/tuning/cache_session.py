@@ -139,7 +139,7 @@ class CacheSession:
         self._windows.last_step_s = figures.step_time_s
         measured = None if figures.failed else Rate(figures.samples_per_s, figures.rel_se)
         if self.state is CachePhase.WAIT:
-            if not figures.cold:
+            if not figures.cold and self._room():
                 self.state = CachePhase.BEFORE
                 if self._applied != self.baseline:  # filled by a DataLoader: DALI again for the window before
                     self._apply(self.baseline, "cache: before")
@@ -154,6 +154,16 @@ class CacheSession:
             self._on_after(measured)
 
     # -- the phases -------------------------------------------------------------------------------------------
+    def _room(self) -> bool:  # the steps for a window before, a cached trial and an after-window; else done
+        left = self._steps_left()
+        cached = dataclasses.replace(self._cached_base, cache=True)
+        need = self._windows.window + self._windows.trial_steps(self._applied, cached)
+        if left is None or left >= need:
+            return True
+        self._finish(f"the fit has {left} optimizer steps left: too few for a window before, a cached trial and an "
+                     f"after-window ({need})")
+        return False
+
     def _on_before(self, rate: Rate | None, data_wait_frac: float) -> None:
         if rate is None:  # the settings in place failed: nothing to compare with
             self._finish("the loader's workers failed in the window before the cache trial")
@@ -203,10 +213,7 @@ class CacheSession:
             self._finish("nothing was measured to compare with")
             return
         base = CacheTrial(self.baseline, before)
-        options = [base, *ok]
-        unbeaten = [t for t in options if t.rate is not None
-                    and not any(u.rate is not None and faster(u.rate, t.rate, self._floor) for u in options)]
-        self.chosen = min(unbeaten or [base], key=lambda t: (t.settings.num_workers, t.settings.cache))
+        self.chosen = cheapest_unbeaten([base, *ok], self._floor)
         if self.chosen is base:
             self._finish(f"reading from it was not faster beyond noise than {self.baseline.describe()}")
             return
@@ -300,9 +307,21 @@ class CacheSession:
 
     @property
     def trial_speedup(self) -> float | None:
-        """The best cached trial's rate over the window before the trials."""
-        rates = [t.rate.value for t in self.trials if t.rate is not None]
-        return max(rates) / self.before.value if rates and self.before else None
+        return best_speedup(self.trials, self.before)
+
+
+def cheapest_unbeaten(options: list[CacheTrial], floor: float) -> CacheTrial:
+    """The fewest workers (then no cache) among the measured options no other beats beyond noise; the first option
+    (the settings in place) when none is measured."""
+    unbeaten = [t for t in options if t.rate is not None
+                and not any(u.rate is not None and faster(u.rate, t.rate, floor) for u in options)]
+    return min(unbeaten or options[:1], key=lambda t: (t.settings.num_workers, t.settings.cache))
+
+
+def best_speedup(trials: list[CacheTrial], before: Rate | None) -> float | None:
+    """The best cached trial's rate over the window before the trials."""
+    rates = [t.rate.value for t in trials if t.rate is not None]
+    return max(rates) / before.value if rates and before else None
 
 
 def _compute_bound(wait: float) -> str:

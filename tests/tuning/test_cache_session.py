@@ -141,3 +141,15 @@ def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
     assert session.kept == dataclasses.replace(two, num_workers=1, cache=True)
     assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
         "cache": (False, True), "dali": ("cpu", None), "num_workers": (0, 1)}
+
+
+def test_no_cache_trial_starts_that_the_fit_cannot_finish():
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20), warm=lambda: True,
+                           fills=lambda: True, steps_left=lambda: 40)
+    session.begin(0.6)
+    session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.6, rate_rel_se=0.01))
+    session.on_step_end()
+    assert session.state == "done" and switcher.switches == []
+    assert any("too few for a window before, a cached trial" in n for n in session.outcome.notes)
