@@ -42,6 +42,7 @@ DETERMINISTIC = frozenset({"Resize", "CenterCrop", "Grayscale", "PILToTensor", "
 TO_FLOAT = frozenset({"ToTensor", "ToDtype", "ConvertImageDtype", "Normalize"})
 #: Items made twice in the determinism check (spread over the dataset).
 CHECKED_ITEMS = 3
+_MISSING = object()  # not in the store
 
 
 class FolderSplit:
@@ -209,19 +210,25 @@ class CachedDataset(Dataset):
         i = operator.index(i)
         if i < 0:
             i += len(self.split)
-        try:
-            raw = self.store.get(i) if self.read and not self.broken else None
-        except OSError:  # the store's files went away (removed under a running loader): make items as before
-            raw, self.broken = None, True
-        if raw is not None:
-            return self.split.finish(decode(raw), i)
-        part = self.split.make(i)
-        if not self.broken:
-            try:
-                self._offer(i, part)
-            except OSError:
-                self.broken = True
+        part = self._stored(i) if self.read and not self.broken else _MISSING
+        if part is _MISSING:
+            part = self.split.make(i)  # the user's code: its exceptions are the user's
+            if not self.broken:
+                try:
+                    self._offer(i, part)
+                except Exception:  # noqa: BLE001 - pipeopt's store never fails a fetch: it is left alone
+                    self.broken = True
         return self.split.finish(part, i)
+
+    def _stored(self, i: int) -> Any:
+        """The stored part of item ``i``, or ``_MISSING`` (not stored; or the store cannot be read - removed under a
+        running loader, say - and this process makes every item from now on, as without it)."""
+        try:
+            raw = self.store.get(i)
+            return _MISSING if raw is None else decode(raw)
+        except Exception:  # noqa: BLE001
+            self.broken = True
+            return _MISSING
 
     def _offer(self, i: int, part: Any) -> None:
         if self.full:

@@ -149,3 +149,21 @@ def test_a_dataset_that_raises_is_left_alone():
 
     reason, _ = refusal(plan(Broken()))
     assert reason is not None and "OSError: disk gone" in reason
+
+
+def test_a_store_that_goes_away_or_an_item_it_cannot_hold_never_fails_a_fetch(tmp_path):
+    dataset = Counted()
+    cache = SampleCache(plan(dataset), SampleStore(tmp_path / "s", 64, 1 << 20))
+    reader = cache.dataset(read=True)
+    first = reader[3]
+    cache.store.remove()  # removed under a running loader (say, another rank's fit ended first)
+    again = CachedDataset(reader.split, SampleStore.__new__(SampleStore), read=True)
+    again.store.__setstate__({"directory": tmp_path / "s", "length": 64, "budget_bytes": 1 << 20, "slot": 0})
+    assert _equal(again[3], first) and again.broken
+
+    class Unpicklable(Counted):
+        def __getitem__(self, i):
+            return {"x": torch.zeros(3, 5), "y": 0, "name": "n", "f": lambda: i}
+
+    odd = CachedDataset(WholeSplit(Unpicklable()), SampleStore(tmp_path / "t", 64, 1 << 20), read=True)
+    assert odd[1]["f"]() == 1 and odd.broken
