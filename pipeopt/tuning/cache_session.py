@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.tuning import noise
-from pipeopt.tuning.agreement import ANY, MAX, MIN, ReduceMax, agree, agreed
+from pipeopt.tuning.agreement import ANY, ReduceMax, agree, agreed
 from pipeopt.tuning.findings import Change, Outcome
 from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, LoaderSettings
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
-from pipeopt.tuning.session import Switcher, TrialWindows, first_line
+from pipeopt.tuning.session import Agreed, Switcher, TrialWindows, first_line
 
 #: At most this many trials with fewer workers than the settings in place.
 MAX_FEWER = 3
@@ -42,14 +41,10 @@ class CachePhase(str, Enum):
 
 
 @dataclass(frozen=True)
-class CacheFigures:
-    """One window as every rank agrees on it: the slowest rate, any failure, any rank whose store is still cold."""
+class CacheFigures(Agreed):
+    """One window as every rank agrees on it (the loader session's figures), and whether any rank's store is still
+    cold."""
 
-    samples_per_s: float = agreed(MIN)
-    rel_se: float = agreed(MAX)
-    step_time_s: float = agreed(MAX)
-    data_wait_frac: float = agreed(MAX)
-    failed: bool = agreed(ANY)
     cold: bool = agreed(ANY)
 
 
@@ -132,12 +127,11 @@ class CacheSession:
         if self._pending is None or self.state is CachePhase.DONE:
             return
         stats, self._pending = self._pending, None
-        rate = noise.window_rate(stats, self._applied)
-        figures = agree(CacheFigures(rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac,
-                                     self._failure is not None, not self._warm()), self._agree)
+        mine = Agreed.of(stats, self._applied, None, self._failure is not None, False)
+        figures = agree(CacheFigures(**dataclasses.asdict(mine), cold=not self._warm()), self._agree)
         error, self._failure = self._failure, None
         self._windows.last_step_s = figures.step_time_s
-        measured = None if figures.failed else Rate(figures.samples_per_s, figures.rel_se)
+        measured = None if figures.failed else figures.rate
         if self.state is CachePhase.WAIT:
             if not figures.cold and self._room():
                 self.state = CachePhase.BEFORE

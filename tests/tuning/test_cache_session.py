@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeopt.tuning.cache_session import CacheSession
+from pipeopt.tuning.cache_session import CacheFigures, CacheSession
 from pipeopt.tuning.loader_search import LoaderSettings
 from pipeopt.tuning.session import TrialWindows
 from tests.helpers import make_window
 from tests.tuning.test_session import FakeSwitcher
 
+COLD = [f.name for f in dataclasses.fields(CacheFigures)].index("cold")
 EIGHT = LoaderSettings(num_workers=8, prefetch_factor=2, persistent_workers=True, pin_memory=False)
 
 
@@ -27,20 +28,21 @@ def world_compute_light(settings: LoaderSettings) -> tuple[float, float]:
 
 
 def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_cold: bool = False,
-        before_wait: float | None = 0.6, windows: int = 20):
+        before_wait: float | None = 0.6, windows: int = 20, current: LoaderSettings = EIGHT,
+        filler: LoaderSettings | None = None):
     switcher = FakeSwitcher()
-    switcher.current = EIGHT
+    switcher.current = current
     seen = {"windows": 0}
 
     def agree(values):
         values = list(values)
         if other_rank_cold:
-            values[5] = 1.0  # the "cold" slot: another rank's store is not warm yet
+            values[COLD] = 1.0  # another rank's store is not warm yet
         return values
 
     session = CacheSession(switcher, windows=TrialWindows(lambda *args: None),
                            warm=lambda: seen["windows"] >= warm_after, fills=lambda: installed_fills, agree=agree)
-    session.begin(before_wait)
+    session.begin(before_wait, filler)
     for _ in range(windows):
         if session.state == "done":
             break
@@ -123,19 +125,7 @@ def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
             return {2: 900.0, 1: 890.0, 0: 500.0}[settings.num_workers], 0.02
         return 400.0, 0.5
 
-    switcher = FakeSwitcher()
-    switcher.current = dali
-    windows = {"n": 0}
-    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None), warm=lambda: windows["n"] >= 2,
-                           fills=lambda: False)
-    session.begin(0.3, filler=two)
-    for _ in range(20):
-        if session.state == "done":
-            break
-        rate, wait = world(switcher.current)
-        session.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01))
-        windows["n"] += 1
-        session.on_step_end()
+    session, switcher = run(world, current=dali, filler=two, installed_fills=False, before_wait=0.3)
     assert switcher.switches[:2] == [two, dali]  # filled by the DataLoader, then DALI measured for the window before
     assert [(s.num_workers, s.cache) for s in switcher.switches[2:5]] == [(2, True), (1, True), (0, True)]
     assert session.kept == dataclasses.replace(two, num_workers=1, cache=True)
