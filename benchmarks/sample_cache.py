@@ -104,8 +104,9 @@ SCENARIOS = {s.name: s for s in (
                   "(300 steps) an epoch", lambda: SlowStorage(n=2400, delay_s=0.010),
                   lambda: Classifier(mlp(64, 2048, 2)), 8, 5, _workers(8, 16) + _workers(32, prefetch=4),
                   ("loader", "cache")),
-    CacheScenario("storage_latency_high", "as storage_latency with 40 ms a sample: even 64 workers cannot hide it "
-                  "on 2 CPUs", lambda: SlowStorage(n=2400, delay_s=0.040), lambda: Classifier(mlp(64, 2048, 2)), 8,
+    CacheScenario("storage_latency_high", "40 ms storage latency a sample, 8 samples/step, a 1x256 MLP (a step of a "
+                  "few ms): hiding 320 ms of latency a batch needs ~100 workers; pipeopt's cap and 2 CPUs allow 64",
+                  lambda: SlowStorage(n=2400, delay_s=0.040), lambda: Classifier(mlp(64, 256, 1)), 8,
                   5, _workers(16, 32, prefetch=4) + _workers(64, prefetch=4), ("loader", "cache")),
     CacheScenario("validation_chain", "ImageFolder of 4,096 384 px JPEGs, Resize(128) + CenterCrop(112) + ToTensor + "
                   "Normalize (all deterministic), small CNN, 32/step", validation_chain,
