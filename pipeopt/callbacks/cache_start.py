@@ -130,13 +130,13 @@ class CacheLedger:
     def epoch_started(self, reading: bool) -> None:
         self.samples, self.reading_at_start = 0, reading
 
-    def epoch_ended(self, cache: SampleCache | None, reading: bool) -> None:
+    def epoch_ended(self, epoch: int, cache: SampleCache | None, reading: bool) -> None:
         if cache is None:
             return
         misses = cache.store.stats().made - sum(row["misses"] for row in self.epochs)
         whole = reading and self.reading_at_start
         hit_rate = max(0.0, 1.0 - misses / self.samples) if whole and self.samples else None
-        self.epochs.append(dict(epoch=len(self.epochs), reading=whole, samples=self.samples, misses=misses,
+        self.epochs.append(dict(epoch=epoch, reading=whole, samples=self.samples, misses=misses,
                                 hit_rate=hit_rate))
         self.samples = 0
 

@@ -126,7 +126,7 @@ class PipeOpt(_lightning.JoinedCallback):
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._interrupted(epoch="ended")
         if self._run is not None:
-            self._run.epoch_ended()
+            self._run.epoch_ended(trainer.current_epoch)
 
     def _interrupted(self, epoch: str | None = None) -> None:  # validation or an epoch boundary: not a training step
         if self._instruments is not None:

@@ -117,9 +117,9 @@ class TuningRun:
         if self.batch is not None:
             self.batch.epoch_started()
 
-    def epoch_ended(self) -> None:
+    def epoch_ended(self, epoch: int) -> None:
         if self.switcher is not None:
-            self._ledger.epoch_ended(self.switcher.cache, self.switcher.current.cache)
+            self._ledger.epoch_ended(epoch, self.switcher.cache, self.switcher.current.cache)
             self.switcher.end_of_epoch()
 
     def batch_ended(self, trainer: Any, outputs: Any) -> None:
