@@ -259,7 +259,7 @@ class CacheSession:
             else:
                 self._switcher.switch(self.baseline)
                 self._switcher.settle()
-            self._windows.measure("cache: reverted", self._applied.in_flight + self.baseline.in_flight)
+            self._windows.measure("cache not kept", self._applied.in_flight + self.baseline.in_flight)
             self._applied = self.baseline
         self.outcome.notes.append(f"sample cache not kept: {why}")
         self._say(f"sample cache not kept: {why}")
