@@ -5,13 +5,14 @@ groups are done, this session makes sure the loader in place is one of those (th
 every rank - until the store holds the samples an epoch needs. Then, on the live run:
 
 1. a window of the settings in place (``before``), the store warm but not read;
-2. a trial reading from the store with the same workers; if it is not faster beyond noise, the settings in place
-   stay and nothing else is tried;
-3. trials with fewer workers (halving, down to the main process) while each is not slower beyond noise than the
-   best cached trial - the cache removed the work the workers were there for;
-4. the choice: the cheapest setting (fewest workers, then no cache) no other measured one beats beyond noise,
-   confirmed by an after-window against ``before`` (once more when too close to call), or the settings in place
-   restored.
+2. a trial reading from the store with the same workers;
+3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
+   they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
+   slower beyond noise, trials halving the workers while each keeps pace with the best cached trial (at most
+   three);
+4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers)
+   no other cached trial beats beyond noise, confirmed by an after-window against ``before`` (once more when too
+   close to call); otherwise the settings in place stay.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, LoaderSettings
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
 from pipeopt.tuning.session import Agreed, Switcher, TrialWindows, first_line
 
-#: At most this many trials with fewer workers than the settings in place.
+#: At most this many trials between the workers in place and the main process alone.
 MAX_FEWER = 3
 
 
@@ -181,36 +182,41 @@ class CacheSession:
             self._try(following)
 
     def _following(self) -> LoaderSettings | None:
-        """The next cached trial: fewer workers while the cache keeps pace, or None."""
-        last, before = self.trials[-1], self.before
-        cached_ok = [t for t in self.trials if t.rate is not None]
-        if last.rate is None or before is None or not cached_ok:
+        """The next cached trial: the main process alone after the workers in place (the cache may have removed all
+        their work), then - when the cache paid but the main process alone is slower - halving the workers while
+        the cache keeps pace; None when done."""
+        before, n = self.before, self._cached_base.num_workers
+        ok = [t for t in self.trials if t.rate is not None]
+        if before is None or not ok:
             return None
-        if len(self.trials) == 1 and not faster(last.rate, before, self._floor):
-            return None  # reading from the store did not pay with the same workers
-        best = max(cached_ok, key=lambda t: t.rate.value if t.rate else 0.0)
-        if best.rate is None or faster(best.rate, last.rate, self._floor):
+        if len(self.trials) == 1:
+            return self._cached(0) if n > 0 else None
+        best = max(ok, key=lambda t: t.rate.value if t.rate else 0.0)
+        alone = next((t for t in ok if t.settings.num_workers == 0), None)
+        if best.rate is None or not faster(best.rate, before, self._floor):
+            return None  # the cache did not pay, with the workers in place or without any
+        if alone is not None and alone.rate is not None and not faster(best.rate, alone.rate, self._floor):
+            return None  # the main process alone keeps pace: nothing cheaper to find
+        last = self.trials[-1]
+        if len(self.trials) > 2 and (last.rate is None or faster(best.rate, last.rate, self._floor)):
             return None  # the last cut made it slower
-        n = last.settings.num_workers
-        if n == 0 or len(self.trials) > MAX_FEWER:
-            return None
-        fewer = last.settings.with_workers(n // 2, persistent=self._cached_base.persistent_workers)
+        fewer = (n if len(self.trials) == 2 else last.settings.num_workers) // 2
+        return self._cached(fewer) if fewer > 0 and len(self.trials) < 2 + MAX_FEWER else None
+
+    def _cached(self, workers: int) -> LoaderSettings | None:
+        """The cached settings with ``workers`` - None when the fit has no room for their trial and after-window."""
+        settings = self._cached_base.with_workers(workers, persistent=self._cached_base.persistent_workers)
+        settings = dataclasses.replace(settings, cache=True)
         left = self._steps_left()
-        if left is not None and left < self._windows.trial_steps(self._applied, fewer):
-            return None
-        return dataclasses.replace(fewer, cache=True)
+        return None if left is not None and left < self._windows.trial_steps(self._applied, settings) else settings
 
     def _choose(self) -> None:
         before = self.before
         ok = [t for t in self.trials if t.rate is not None]
-        if before is None:
-            self._finish("nothing was measured to compare with")
-            return
-        base = CacheTrial(self.baseline, before)
-        self.chosen = cheapest_unbeaten([base, *ok], self._floor)
-        if self.chosen is base:
+        if before is None or not any(t.rate is not None and faster(t.rate, before, self._floor) for t in ok):
             self._finish(f"reading from it was not faster beyond noise than {self.baseline.describe()}")
             return
+        self.chosen = cheapest_unbeaten(ok, self._floor)
         self._say(f"chose {self.chosen.settings.describe()}; measuring it against the window before")
         if self._applied != self.chosen.settings:
             self._apply(self.chosen.settings, "cache: after")

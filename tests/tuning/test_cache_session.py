@@ -55,9 +55,10 @@ def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_
 
 def test_the_cache_is_tried_once_the_store_is_warm_and_kept_with_fewer_workers():
     session, switcher = run(world_storage_bound)
-    # two windows filling (cold), then before, the cache with 8, 4, 2 and 1 workers (1 is slower beyond noise)
+    # two windows filling (cold), then before; the cache with the 8 workers in place, then the main process alone
+    # (slower), then halving from 8: 4 and 2 keep pace, 1 is slower beyond noise
     tried = [(s.num_workers, s.cache) for s in switcher.switches]
-    assert tried[:4] == [(8, True), (4, True), (2, True), (1, True)]
+    assert tried[:5] == [(8, True), (0, True), (4, True), (2, True), (1, True)]
     assert session.kept == dataclasses.replace(EIGHT, num_workers=2, cache=True)
     assert switcher.current == session.kept
     knobs = {c.knob: (c.before, c.after) for c in session.outcome.changes}
@@ -75,7 +76,8 @@ def test_nothing_is_tried_while_any_rank_is_cold():
 def test_a_cache_that_is_not_faster_is_not_kept_and_the_settings_in_place_return():
     session, switcher = run(world_compute_light)
     assert session.state == "done" and session.kept is None
-    assert [s.cache for s in switcher.switches] == [True, False]  # one trial, then back
+    # the workers in place and the main process alone, both read from the store; neither faster: back
+    assert [(s.num_workers, s.cache) for s in switcher.switches] == [(8, True), (0, True), (8, False)]
     assert switcher.current == EIGHT
     assert any("not faster beyond noise" in n for n in session.outcome.notes)
 
@@ -127,7 +129,7 @@ def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
 
     session, switcher = run(world, current=dali, filler=two, installed_fills=False, before_wait=0.3)
     assert switcher.switches[:2] == [two, dali]  # filled by the DataLoader, then DALI measured for the window before
-    assert [(s.num_workers, s.cache) for s in switcher.switches[2:5]] == [(2, True), (1, True), (0, True)]
+    assert [(s.num_workers, s.cache) for s in switcher.switches[2:5]] == [(2, True), (0, True), (1, True)]
     assert session.kept == dataclasses.replace(two, num_workers=1, cache=True)
     assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
         "cache": (False, True), "dali": ("cpu", None), "num_workers": (0, 1)}
@@ -143,3 +145,16 @@ def test_no_cache_trial_starts_that_the_fit_cannot_finish():
     session.on_step_end()
     assert session.state == "done" and switcher.switches == []
     assert any("too few for a window before, a cached trial" in n for n in session.outcome.notes)
+
+
+def test_when_the_main_process_alone_keeps_pace_no_workers_are_kept():
+    def world(settings):
+        if settings.cache:  # the store removed the work: the workers' processes only cost CPU and IPC
+            return (1000.0 if settings.num_workers == 0 else 900.0), 0.01
+        return 400.0, 0.6
+
+    session, switcher = run(world)
+    assert [(s.num_workers, s.cache) for s in switcher.switches[:2]] == [(8, True), (0, True)]
+    assert session.kept == dataclasses.replace(EIGHT.with_workers(0, persistent=True), cache=True)
+    assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
+        "cache": (False, True), "num_workers": (8, 0)}
