@@ -74,6 +74,8 @@ class TuningRun:
                 self.skip("cache", started, warn=False)
             else:
                 self.sample_cache, self.switcher = started
+                if self.session is not None:
+                    self.session.store_warm = self.sample_cache.warm
         plan = self.batch
         if plan is not None and plan.choice is not None and self._loader_settled:
             plan.begin(trainer, 0)  # the checkpoint's plan, from the first batch (the loader is settled)
@@ -146,27 +148,38 @@ class TuningRun:
             precision.on_step_end(trainer)
         if not self._loader_settled:
             return
+        if cache is not None and not cache.started and self._cache_turn():
+            search = self.session.search if self.session is not None else None
+            filler = search.best_dataloader() if search is not None else None
+            cache.begin(search.baseline.data_wait_frac if search is not None else None, filler)
+        if cache is not None and cache.measuring:
+            return  # the batch plan and precision wait for it
         if plan is not None and plan.state == "waiting":
             reason = plan.begin(trainer, windows)
             if reason is not None:
                 self.skip("batch", reason)
         if precision is not None and precision.state == "waiting" and (plan is None or plan.decided):
             precision.begin(windows)
-        if cache is not None and not cache.started and all(g.decided for g in (plan, precision) if g is not None):
-            search = self.session.search if self.session is not None else None
-            filler = search.best_dataloader() if search is not None else None
-            cache.begin(search.baseline.data_wait_frac if search is not None else None, filler)
+
+    def _cache_turn(self) -> bool:
+        """The sample cache goes last - or right after the loader search, when that stopped because the store held
+        an epoch (on every rank) - never while another group is measuring."""
+        groups = [g for g in (self.batch, self.precision) if g is not None]
+        if any(g.state != "waiting" and not g.decided for g in groups):
+            return False
+        early = self.session is not None and self.session.store_warm_agreed
+        return early or all(g.decided for g in groups)
 
     def on_window(self, stats: WindowStats) -> None:
         """A window closed: it belongs to the group measuring now."""
         if self.session is not None and self.session.state != "done":
             self.session.on_window(stats)
+        elif self.sample_cache is not None and self.sample_cache.measuring:
+            self.sample_cache.on_window(stats)
         elif self.batch is not None and self.batch.measuring:
             self.batch.on_window(stats)
         elif self.precision is not None and self.precision.measuring:
             self.precision.on_window(stats)
-        elif self.sample_cache is not None and self.sample_cache.measuring:
-            self.sample_cache.on_window(stats)
 
     def finished(self, windows: int) -> bool:
         """Tuning is over and a window was measured after it (the session's own after-window counts)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.tuning.agreement import ANY, ReduceMax, agree, agreed
+from pipeopt.tuning.agreement import ReduceMax, agree
 from pipeopt.tuning.findings import Change, Outcome
 from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, LoaderSettings
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
@@ -42,14 +42,6 @@ class CachePhase(str, Enum):
 
 
 @dataclass(frozen=True)
-class CacheFigures(Agreed):
-    """One window as every rank agrees on it (the loader session's figures), and whether any rank's store is still
-    cold."""
-
-    cold: bool = agreed(ANY)
-
-
-@dataclass(frozen=True)
 class CacheTrial:
     settings: LoaderSettings
     rate: Rate | None  # None: its loader failed
@@ -64,7 +56,7 @@ class CacheSession:
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
                  prepare: Callable[[], str | None] = lambda: None) -> None:
-        self._switcher, self._windows, self._warm, self._fills = switcher, windows, warm, fills
+        self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
@@ -84,8 +76,7 @@ class CacheSession:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Check the dataset and make the store, once: before pipeopt first switches loaders (the loader search's
-        first trial fills it already), or when this session begins."""
+        """Check the dataset and make the store, once: at pipeopt's first loader switch, or when this begins."""
         prepare, self._prepare = self._prepare, None
         if prepare is not None:
             self.refused = prepare()
@@ -128,13 +119,13 @@ class CacheSession:
         if self._pending is None or self.state is CachePhase.DONE:
             return
         stats, self._pending = self._pending, None
-        mine = Agreed.of(stats, self._applied, None, self._failure is not None, False)
-        figures = agree(CacheFigures(**dataclasses.asdict(mine), cold=not self._warm()), self._agree)
+        figures = agree(Agreed.of(stats, self._applied, None, self._failure is not None, False, not self.warm()),
+                        self._agree)
         error, self._failure = self._failure, None
         self._windows.last_step_s = figures.step_time_s
         measured = None if figures.failed else figures.rate
         if self.state is CachePhase.WAIT:
-            if not figures.cold and self._room():
+            if not figures.store_cold and self._room():
                 self.state = CachePhase.BEFORE
                 if self._applied != self.baseline:  # filled by a DataLoader: DALI again for the window before
                     self._apply(self.baseline, "cache: before")

@@ -55,14 +55,15 @@ class Agreed:
     worker_mem_bytes: int | None = agreed(MAX)
     failed: bool = agreed(ANY)
     over_budget: bool = agreed(ANY)
+    store_cold: bool = agreed(ANY, default=True)  # a rank's sample store does not hold an epoch yet (or has none)
 
     @classmethod
     def of(cls, stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
-           over_budget: bool) -> Agreed:
+           over_budget: bool, store_cold: bool = True) -> Agreed:
         """This rank's figures for a window measured under ``settings``."""
         rate, res = noise.window_rate(stats, settings), stats.resources
         return cls(rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
-                   res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget)
+                   res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold)
 
     @property
     def rate(self) -> Rate:
@@ -185,6 +186,8 @@ class LoaderSession:
         self.notes: list[str] = []
         self.from_cache = False
         self._cached: CachedCheck | None = None
+        self.store_warm: Callable[[], bool] = lambda: False  # the sample cache's store holds an epoch (this rank)
+        self.store_warm_agreed = False  # ... on every rank: the search stops; the cache is tried next
 
     def on_window(self, stats: WindowStats) -> None:
         self._pending = stats
@@ -202,7 +205,9 @@ class LoaderSession:
         stats, self._pending = self._pending, None
         over_budget = self._elapsed() > self._budget_s
         mem = self._worker_memory() if self._switcher.current.num_workers else None
-        agreed = agree(Agreed.of(stats, self._applied, mem, self._failure is not None, over_budget), self._agree)
+        agreed = agree(Agreed.of(stats, self._applied, mem, self._failure is not None, over_budget,
+                                 not self.store_warm()), self._agree)
+        self.store_warm_agreed = not agreed.store_cold
         failure, self._failure = self._failure, None
         self._windows.last_step_s = agreed.step_time_s
         handle = {Phase.BEFORE: self._on_before, Phase.TRIAL: self._on_trial, Phase.AFTER: self._on_after,
@@ -239,6 +244,9 @@ class LoaderSession:
         search = self.search
         if search is None:
             return
+        if self.store_warm_agreed and len(search.trials) > 1:  # the cache may remove the work more workers share
+            search.stop_reason = "the sample cache's store holds an epoch, and reading from it is tried next"
+            return self._choose()
         candidate = search.propose()
         crowded = None if candidate is None else _no_room(candidate, self._applied, self._windows, self._steps_left())
         if crowded:  # a trial the fit cannot finish measures nothing: choose now
@@ -308,8 +316,7 @@ class LoaderSession:
         self.state = Phase.DONE
 
     def _back_to_user(self, label: str) -> bool:
-        """Back to the user's settings (and the user's own loader from the next epoch), measuring from after both
-        loaders' in-flight batches; False when they were in place already."""
+        """Back to the user's settings (and own loader from the next epoch); False when they were in place."""
         reverted_from, user = self._applied, self._switcher.user_settings
         if reverted_from == user:
             return False
@@ -319,11 +326,8 @@ class LoaderSession:
         return True
 
     def _apply(self, settings: LoaderSettings, *, label: str, timeout_s: float | None) -> None:
-        """Switch, then skip the old loader's in-flight batches and the new loader's first queue-full (prefetched
-        while the old one drained), and measure a window at least that queue and ``min_window_s`` long (in steps at
-        the last window's pace: a shared machine's second-to-second wobble averages out, and a trial close to the
-        best costs little). A stock of ready batches the window still draws down is taken out of its rate
-        (``WindowStats.sustained_per_s``)."""
+        """Switch, skip both loaders' in-flight batches, measure a window shaped for ``settings`` (``TrialWindows``;
+        a stock of ready batches the window draws down is taken out of its rate: ``WindowStats.sustained_per_s``)."""
         previous, self._applied = self._applied, settings
         self._switcher.switch(settings, timeout_s=timeout_s)
         self._windows.measure(f"{label}: {settings.describe()}", previous.in_flight + settings.in_flight, settings)
@@ -335,8 +339,7 @@ class LoaderSession:
         step = self.before.step_time_s if self.before else 0.0
         return max(self._min_timeout, 20.0 * step)
 
-    def finish(self) -> None:
-        """The fit ended mid-trial: a failure already seen is still recorded (no window is agreed on now)."""
+    def finish(self) -> None:  # the fit ended mid-trial: a failure already seen is still recorded
         failure = self._failure or self._switcher.take_failure()
         self._failure = None
         if self.state is Phase.TRIAL and failure is not None and self.search is not None and self._trial is not None:

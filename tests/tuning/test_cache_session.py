@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeopt.tuning.cache_session import CacheFigures, CacheSession
+from pipeopt.tuning.cache_session import CacheSession
 from pipeopt.tuning.loader_search import LoaderSettings
-from pipeopt.tuning.session import TrialWindows
+from pipeopt.tuning.session import Agreed, TrialWindows
 from tests.helpers import make_window
 from tests.tuning.test_session import FakeSwitcher
 
-COLD = [f.name for f in dataclasses.fields(CacheFigures)].index("cold")
+COLD = [f.name for f in dataclasses.fields(Agreed)].index("store_cold")
 EIGHT = LoaderSettings(num_workers=8, prefetch_factor=2, persistent_workers=True, pin_memory=False)
 
 

@@ -149,3 +149,16 @@ def test_no_trial_starts_that_the_fit_cannot_finish():
     assert switcher.switches[-1].num_workers == 1  # no new trial: the measured worker is chosen and verified
     assert s.state == "after"
     assert any("the fit has 30 optimizer steps left: too few for another trial" in n for n in s.notes)
+
+
+def test_a_warm_sample_store_ends_the_worker_search_so_the_cache_is_tried_next():
+    s, switcher, _ = session()
+    warm = {"now": False}
+    s.store_warm = lambda: warm["now"]
+    feed(s, 100.0, 0.9)  # before: the first trial is proposed
+    first = switcher.switches[-1]
+    warm["now"] = True  # the trial's loader filled the store
+    feed(s, 300.0, 0.5)
+    assert switcher.switches[-1] == first  # no further trial: the faster setting is chosen and measured after
+    assert s.state == "after" and s.chosen.settings == first
+    assert any("the sample cache's store holds an epoch" in n for n in s.notes)
