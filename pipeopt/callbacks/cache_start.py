@@ -28,6 +28,7 @@ from pipeopt.tuning.session import TrialWindows
 #: The store is warm once it holds this share of the samples an epoch of the node's ranks draws (or its budget is
 #: spent): the rest are made, and stored, as before.
 WARM_SHARE = 0.8
+CACHE_WINDOW_S_FACTOR = 3
 
 
 def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter, switcher: LoaderSwitcher | None, *,
@@ -58,7 +59,9 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
         stats = switcher.cache.store.stats() if switcher.cache is not None else None
         return stats is not None and (stats.full or stats.stored >= WARM_SHARE * per_epoch)
 
-    windows = TrialWindows(meter.reset, config.window, config.window_s, None)
+    # Windows at least CACHE_WINDOW_S_FACTOR x window_s long: workers that each wait long on storage deliver their
+    # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
+    windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None)
     planned = _lightning.planned_steps(trainer)
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            say=say if trainer.is_global_zero else (lambda line: None), prepare=prepare,
