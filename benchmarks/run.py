@@ -193,6 +193,9 @@ def _history_rows() -> list[str]:
             dali = r["grid"][-1]["runs"]
             best = next(row for row in r["grid"] if row["settings"] == r["best_dataloader"])["runs"]
             ratio = f"DALI / best DataLoader {_mmm([d / b for d, b in zip(dali, best)], '{:.2f}')}"
+        elif r["scenario"].startswith("sample_cache_") and r.get("rounds"):
+            ratios = [x["pipeopt_over_best_dataloader"] for x in r["rounds"]]
+            ratio = f"pipeopt / best DataLoader from epoch 2 {_mmm(ratios, '{:.2f}')}"
         elif p and p.get("tuned_runs") and p.get("oracle_runs"):
             ratio = f"pipeopt / oracle {_mmm(pair_ratios(p), '{:.2f}')}"
         elif p:

@@ -23,6 +23,7 @@ import argparse
 import io
 import json
 import logging
+import sys
 import tempfile
 import threading
 import time
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     path = RESULTS / "sample_cache.json"
     results = json.loads(path.read_text()) if path.exists() else {"scenarios": {}}
-    command = "python -m benchmarks.sample_cache " + " ".join(argv if argv is not None else [])
+    command = "python -m benchmarks.sample_cache " + " ".join(argv if argv is not None else sys.argv[1:])
     for name in args.scenarios:
         figures = scenario_figures(SCENARIOS[name], args.repeats)
         figures.update(command=command.strip(), machine=machine(),
