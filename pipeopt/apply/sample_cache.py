@@ -216,7 +216,7 @@ class CachedDataset(Dataset):
             if not self.broken:
                 try:
                     self._offer(i, part)
-                except Exception:  # noqa: BLE001 - pipeopt's store never fails a fetch: it is left alone
+                except Exception:  # pipeopt's store never fails a fetch: this process leaves it alone
                     self.broken = True
         return self.split.finish(part, i)
 
@@ -226,7 +226,7 @@ class CachedDataset(Dataset):
         try:
             raw = self.store.get(i)
             return _MISSING if raw is None else decode(raw)
-        except Exception:  # noqa: BLE001
+        except Exception:  # any failure to read the store: made as without it
             self.broken = True
             return _MISSING
 
