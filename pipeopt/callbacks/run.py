@@ -152,8 +152,6 @@ class TuningRun:
             search = self.session.search if self.session is not None else None
             filler = search.best_dataloader() if search is not None else None
             cache.begin(search.baseline.data_wait_frac if search is not None else None, filler)
-        if cache is not None and cache.measuring:
-            return  # the batch plan and precision wait for it
         if plan is not None and plan.state == "waiting":
             reason = plan.begin(trainer, windows)
             if reason is not None:
@@ -162,13 +160,8 @@ class TuningRun:
             precision.begin(windows)
 
     def _cache_turn(self) -> bool:
-        """The sample cache goes last - or right after the loader search, when that stopped because the store held
-        an epoch (on every rank) - never while another group is measuring."""
-        groups = [g for g in (self.batch, self.precision) if g is not None]
-        if any(g.state != "waiting" and not g.decided for g in groups):
-            return False
-        early = self.session is not None and self.session.store_warm_agreed
-        return early or all(g.decided for g in groups)
+        """The sample cache goes last: once the batch plan and precision are decided."""
+        return all(g.decided for g in (self.batch, self.precision) if g is not None)
 
     def on_window(self, stats: WindowStats) -> None:
         """A window closed: it belongs to the group measuring now."""

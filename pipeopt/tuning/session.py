@@ -187,7 +187,7 @@ class LoaderSession:
         self.from_cache = False
         self._cached: CachedCheck | None = None
         self.store_warm: Callable[[], bool] = lambda: False  # the sample cache's store holds an epoch (this rank)
-        self.store_warm_agreed = False  # ... on every rank: the search stops; the cache is tried next
+        self.store_warm_agreed = False  # ... on every rank: the search stops (the cache may remove the work)
 
     def on_window(self, stats: WindowStats) -> None:
         self._pending = stats
@@ -245,7 +245,7 @@ class LoaderSession:
         if search is None:
             return
         if self.store_warm_agreed and len(search.trials) > 1:  # the cache may remove the work more workers share
-            search.stop_reason = "the sample cache's store holds an epoch, and reading from it is tried next"
+            search.stop_reason = "the sample cache's store holds an epoch: reading from it is tried (last)"
             return self._choose()
         candidate = search.propose()
         crowded = None if candidate is None else _no_room(candidate, self._applied, self._windows, self._steps_left())
