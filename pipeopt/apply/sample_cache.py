@@ -232,7 +232,7 @@ class CachedDataset(Dataset):
 
     def _offer(self, i: int, part: Any) -> None:
         if self.full:
-            self.store.made_elsewhere()
+            self.store.note_unstored()
         elif not self.store.has(i):
             started = time.thread_time_ns()
             self.full = not self.store.put(i, encode(part), started) and not self.store.has(i)

@@ -149,8 +149,8 @@ class SampleStore:
             index[_STORED] += 1
         return True
 
-    def made_elsewhere(self) -> None:
-        """A miss this slot's process made but did not offer (its budget is spent): counted, not stored."""
+    def note_unstored(self) -> None:
+        """A miss this slot's process made and did not offer (it saw the budget spent): counted, not stored."""
         index, _, lock_fd = self._open()
         with _locked(lock_fd):
             index[_MADE + self.slot] += 1
