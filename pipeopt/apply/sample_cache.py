@@ -6,7 +6,9 @@
   transforms up to the first random (or unknown) one - ``Resize``, ``CenterCrop``, ``Grayscale``, ``PILToTensor`` /
   ``ToImage`` - stopping before the pixels become floats (``ToTensor``, ``ToDtype``, ``Normalize``), so the store holds
   uint8 images. Everything after the cut (``RandomResizedCrop``, flips, ``ToTensor``, ``Normalize``...) and the
-  ``target_transform`` run after the store, in the workers, as before.
+  ``target_transform`` run after the store, in the workers, as before. A chain with nothing random in it (a
+  validation chain: ``Resize``, ``CenterCrop``, ``ToTensor``, ``Normalize``) is cached whole - the images as the
+  model sees them, floats included: 4x the bytes, but nothing left to do per sample but the ``target_transform``.
 - any other map-style dataset: the whole item, when it is shown deterministic.
 
 Either way the cached part is *shown* deterministic before anything is stored (``deterministic``): a few items made
@@ -73,7 +75,8 @@ class FolderSplit:
 
     def describe(self) -> str:
         steps = ", ".join(type(t).__name__ for t in self.cached)
-        return f"each image read and decoded{f', then {steps}' if steps else ''} (uint8)"
+        form = "as the model sees it" if not self.rest and self.cached else "uint8"
+        return f"each image read and decoded{f', then {steps}' if steps else ''} ({form})"
 
 
 class WholeSplit:
@@ -110,6 +113,8 @@ def plan(dataset: Any) -> Split | str:
     if folder is None or type(inner).__getitem__ is not folder.__getitem__:
         return WholeSplit(dataset)
     steps = flatten(inner.transform) if inner.transform is not None else []
+    if all(is_transform(t) and type(t).__name__ in DETERMINISTIC for t in steps):
+        return FolderSplit(inner, positions, steps, [])  # nothing random: the whole chain, floats and all
     cut = 0
     while cut < len(steps) and is_transform(steps[cut]) and type(steps[cut]).__name__ in DETERMINISTIC - TO_FLOAT:
         cut += 1

@@ -1,5 +1,5 @@
 """The sample cache on torchvision ImageFolders (v1 and v2 transforms): only the deterministic prefix is cached, as
-uint8 images, and a fit with random augmentation trains to the same weights, bit for bit, with the cache as without
+uint8 images (a chain with nothing random in it: whole), and a fit with random augmentation trains to the same weights, bit for bit, with the cache as without
 it. Runs where torchvision is installed (``make test``'s .venv-vision); elsewhere skipped with the reason."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from pipeopt.apply import sample_store
+from pipeopt._torchvision import flatten as flat
 from pipeopt.apply.sample_cache import FolderSplit, plan, refusal
 from tests.dali.images import Classifier, smooth_folder, torchvision
 from tests.helpers import controlled_rates, quiet_pipeopt, quiet_trainer_kwargs
@@ -30,10 +31,12 @@ def _names(steps):
 @pytest.mark.parametrize("chain, cached, rest", [
     (lambda: T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor()]),
      [], ["RandomResizedCrop", "RandomHorizontalFlip", "ToTensor"]),
-    (lambda: T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize((0.5,) * 3, (0.2,) * 3)]),
-     ["Resize", "CenterCrop"], ["ToTensor", "Normalize"]),
-    (lambda: V2.Compose([V2.ToImage(), V2.Resize(40), V2.CenterCrop(32), V2.ToDtype(torch.float32, scale=True)]),
-     ["ToImage", "Resize", "CenterCrop"], ["ToDtype"]),
+    (lambda: T.Compose([T.Resize(40), T.CenterCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
+                        T.Normalize((0.5,) * 3, (0.2,) * 3)]),
+     ["Resize", "CenterCrop"], ["RandomHorizontalFlip", "ToTensor", "Normalize"]),
+    (lambda: V2.Compose([V2.ToImage(), V2.Resize(40), V2.CenterCrop(32), V2.RandomVerticalFlip(),
+                         V2.ToDtype(torch.float32, scale=True)]),
+     ["ToImage", "Resize", "CenterCrop"], ["RandomVerticalFlip", "ToDtype"]),
     (lambda: V2.Compose([V2.Resize(40), V2.RandomResizedCrop(32), V2.Resize(16), V2.ToImage()]),
      ["Resize"], ["RandomResizedCrop", "Resize", "ToImage"]),
 ])
@@ -44,6 +47,26 @@ def test_the_cut_is_the_deterministic_prefix_before_the_pixels_become_floats(ima
     assert refusal(split)[0] is None
     stored = split.make(0)
     assert not (isinstance(stored, torch.Tensor) and stored.is_floating_point())  # uint8 pixels are stored
+
+
+@pytest.mark.parametrize("chain", [
+    lambda: T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize((0.5,) * 3, (0.2,) * 3)]),
+    lambda: V2.Compose([V2.ToImage(), V2.Resize(40), V2.CenterCrop(32), V2.ToDtype(torch.float32, scale=True)]),
+])
+def test_a_chain_with_nothing_random_is_cached_whole(images, tmp_path, chain):
+    """A validation chain: the store holds the images as the model sees them - nothing is left to do per sample."""
+    dataset = torchvision.datasets.ImageFolder(images, transform=chain())
+    split = plan(dataset)
+    assert isinstance(split, FolderSplit) and split.rest == [] and len(split.cached) == len(flat(dataset.transform))
+    assert "as the model sees it" in split.describe()
+    from pipeopt.apply.sample_cache import CachedDataset
+
+    cached = CachedDataset(split, sample_store.SampleStore(tmp_path / "s", len(split), 1 << 24), read=True)
+    for i in range(len(dataset)):
+        cached[i]  # fill
+    for i in range(len(dataset)):
+        image, label = cached[i]
+        assert image.dtype == torch.float32 and torch.equal(image, dataset[i][0]) and label == dataset[i][1]
 
 
 def test_items_rebuilt_from_the_store_equal_the_datasets_under_the_same_seed(images, tmp_path):
