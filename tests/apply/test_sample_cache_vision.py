@@ -1,6 +1,7 @@
 """The sample cache on torchvision ImageFolders (v1 and v2 transforms): only the deterministic prefix is cached, as
-uint8 images (a chain with nothing random in it: whole), and a fit with random augmentation trains to the same weights, bit for bit, with the cache as without
-it. Runs where torchvision is installed (``make test``'s .venv-vision); elsewhere skipped with the reason."""
+uint8 images (a chain with nothing random in it: whole), and a fit with random augmentation trains to the same
+weights, bit for bit, with the cache as without it.
+Runs where torchvision is installed (``make test``'s .venv-vision); elsewhere skipped with the reason."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from pipeopt.apply import sample_store
 from pipeopt._torchvision import flatten as flat
+from pipeopt.apply import sample_store
 from pipeopt.apply.sample_cache import FolderSplit, plan, refusal
 from tests.dali.images import Classifier, smooth_folder, torchvision
 from tests.helpers import controlled_rates, quiet_pipeopt, quiet_trainer_kwargs
