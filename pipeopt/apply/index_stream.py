@@ -22,6 +22,7 @@ class IndexStream(Iterator[Any]):
         self._source = iter(source)
         self._returned: collections.deque[Any] = collections.deque()
         self._in_flight: collections.deque[Any] = collections.deque()
+        self.epoch_over = False  # its epoch ended: a loader that never started on it begins with its own epoch
 
     def __iter__(self) -> IndexStream:
         return self
@@ -78,8 +79,10 @@ class ResumingSampler:
         return self._epoch()
 
     def _epoch(self) -> Iterator[Any]:
-        if self._first is not None:
-            first, self._first = self._first, None
+        first, self._first = self._first, None
+        # A loader switched in at an epoch's last step is first asked for indices in the next epoch: that epoch
+        # is its own, not the (empty) rest of the one that ended
+        if first is not None and not getattr(first, "epoch_over", False):
             yield from first
             return
         if self._before_epoch is not None:

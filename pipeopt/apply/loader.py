@@ -251,6 +251,7 @@ class LoaderSwitcher:
     def end_of_epoch(self) -> None:
         """The epoch is over: stop the workers of its handover, except those the installed loader reuses."""
         if self.handover is not None:
+            self.handover.stream.epoch_over = True
             self.handover.close(keep=_dataloader.cached_iterator(self._installed()))
             self.handover = None
 

@@ -60,6 +60,24 @@ def test_handover_mid_epoch_keeps_order_and_later_epochs_match(user_workers):
     _dataloader.shutdown_iterator(_dataloader.cached_iterator(newer))
 
 
+@pytest.mark.parametrize("settings", [MAIN, TWO], ids=["main-process", "persistent-workers"])
+def test_a_loader_switched_in_after_the_last_batch_trains_a_whole_next_epoch(settings):
+    """A switch at an epoch's last step: the new loader is first asked in the next epoch, which is then its own
+    (all samples, the user's order) - not the empty rest of the epoch that ended."""
+    expected = reference_epochs(0, epochs=3)
+    user = user_loader(0)
+    live = iter(user)
+    seen = flat(live)  # the whole epoch, as Lightning's fetcher has it before the last step ends
+    stream = IndexStream(_dataloader.take_index_stream(live))
+    handover = Handover(stream, live, user, fallback=lambda err: pytest.fail(str(err)))
+    it, new = start(user, settings, stream)
+    handover.add(it, new)  # never asked: the fetcher had the epoch's end before the switch
+    stream.epoch_over = True  # the switcher's end of epoch
+    handover.close(keep=_dataloader.cached_iterator(new))
+    assert seen == expected[0] and flat(new) == expected[1] and flat(new) == expected[2]
+    _dataloader.shutdown_iterator(_dataloader.cached_iterator(new))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_handover_keeps_every_sample_of_every_batch_shape_once_in_order(kind):
     def user():
