@@ -4,7 +4,9 @@ Every DataLoader pipeopt builds fills the store as a side effect of loading (``a
 groups are done, this session makes sure the loader in place is one of those (the same settings), then waits - on
 every rank - until the store holds the samples an epoch needs. Then, on the live run:
 
-1. a window of the settings in place (``before``), the store warm but not read;
+1. a window of the settings in place (``before``), not reading from the store: the window in which the store turned
+   warm (the settings in place, filling it - so the warm epoch is not spent on one more window of the slow
+   settings), or - under DALI, whose loader does not fill it - a window of DALI's own;
 2. a trial reading from the store with the same workers;
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
@@ -106,7 +108,7 @@ class CacheSession:
         if not self._fills():
             self._switcher.switch(self.baseline)
             self._switcher.settle()
-        self._windows.measure("filling the sample cache", self.baseline.in_flight)
+        self._windows.measure("filling the sample cache", self.baseline.in_flight, self.baseline)
 
     def on_window(self, stats: WindowStats) -> None:
         if self.started and self.state is not CachePhase.DONE:
@@ -129,8 +131,8 @@ class CacheSession:
                 self.state = CachePhase.BEFORE
                 if self._applied != self.baseline:  # filled by a DataLoader: DALI again for the window before
                     self._apply(self.baseline, "cache: before")
-                else:
-                    self._windows.measure("cache: before", 0, self._applied)
+                else:  # this window measured the settings in place: the window before
+                    self._on_before(measured, figures.data_wait_frac)
         elif self.state is CachePhase.BEFORE:
             self._on_before(measured, figures.data_wait_frac)
         elif self.state is CachePhase.TRIAL:
@@ -140,14 +142,14 @@ class CacheSession:
             self._on_after(measured)
 
     # -- the phases -------------------------------------------------------------------------------------------
-    def _room(self) -> bool:  # the steps for a window before, a cached trial and an after-window; else done
+    def _room(self) -> bool:  # the steps for a cached trial and an after-window (and DALI's window before); else done
         left = self._steps_left()
         cached = dataclasses.replace(self._cached_base, cache=True)
-        need = self._windows.window + self._windows.trial_steps(self._applied, cached)
+        need = self._windows.trial_steps(self._applied, cached) + (self._windows.window if self.baseline.dali else 0)
         if left is None or left >= need:
             return True
-        self._finish(f"the fit has {left} optimizer steps left: too few for a window before, a cached trial and an "
-                     f"after-window ({need})")
+        self._finish(f"the fit has {left} optimizer steps left: too few for a cached trial and an after-window "
+                     f"({need})")
         return False
 
     def _on_before(self, rate: Rate | None, data_wait_frac: float) -> None:

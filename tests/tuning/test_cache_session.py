@@ -68,6 +68,24 @@ def test_the_cache_is_tried_once_the_store_is_warm_and_kept_with_fewer_workers()
     assert session.trial_speedup == 2.5
 
 
+def test_the_window_in_which_the_store_turns_warm_is_the_window_before():
+    """The warm epoch is not spent on one more window of the slow settings: the first cached trial follows the
+    window that found the store warm, and its speedup is over that window's rate."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label)),
+                           warm=lambda: labels.count("window") >= 2, fills=lambda: True)
+    session.begin(0.6)
+    for rate in (300.0, 400.0):  # cold, then warm
+        session.on_window(make_window(samples_per_s=rate, data_wait_frac=0.6, rate_rel_se=0.01))
+        labels.append("window")
+        session.on_step_end()
+    assert session.before is not None and session.before.value == 400.0
+    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True)]
+    assert labels[0] == "filling the sample cache" and "cache: before" not in labels
+
+
 def test_nothing_is_tried_while_any_rank_is_cold():
     session, switcher = run(world_storage_bound, other_rank_cold=True)
     assert session.state == "wait" and switcher.switches == []
@@ -144,7 +162,7 @@ def test_no_cache_trial_starts_that_the_fit_cannot_finish():
     session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.6, rate_rel_se=0.01))
     session.on_step_end()
     assert session.state == "done" and switcher.switches == []
-    assert any("too few for a window before, a cached trial" in n for n in session.outcome.notes)
+    assert any("too few for a cached trial and an after-window" in n for n in session.outcome.notes)
 
 
 def test_when_the_main_process_alone_keeps_pace_no_workers_are_kept():
