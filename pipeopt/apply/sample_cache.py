@@ -65,6 +65,11 @@ class FolderSplit:
             image = t(image)
         return image
 
+    @property
+    def whole(self) -> bool:
+        """Nothing but the ``target_transform`` is left to do per sample after the store."""
+        return not self.rest
+
     def finish(self, image: Any, i: int) -> Any:
         for t in self.rest:
             image = t(image)
@@ -87,6 +92,8 @@ class WholeSplit:
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    whole = True  # nothing is left to do per sample after the store
 
     def make(self, i: int) -> Any:
         return self.dataset[i]

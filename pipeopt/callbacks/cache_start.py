@@ -65,7 +65,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     planned = _lightning.planned_steps(trainer)
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            say=say if trainer.is_global_zero else (lambda line: None), prepare=prepare,
-                           steps_left=lambda: None if planned is None else planned - trainer.global_step)
+                           steps_left=lambda: None if planned is None else planned - trainer.global_step,
+                           alone_first=split.whole)
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
         kept = restored["cache"]

@@ -11,7 +11,9 @@ every rank - until the store holds the samples an epoch needs. Then, on the live
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
    slower beyond noise, trials halving the workers while each keeps pace with the best cached trial (at most
-   three);
+   three). Where the store holds whole items (``alone_first``: nothing left to do per sample but read it), the
+   main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
+   run does (workers could only share a wait that is no longer there);
 4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers)
    no other cached trial beats beyond noise, confirmed by an after-window against ``before`` (once more when too
    close to call); otherwise the settings in place stay.
@@ -57,8 +59,9 @@ class CacheSession:
     def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
-                 prepare: Callable[[], str | None] = lambda: None) -> None:
+                 prepare: Callable[[], str | None] = lambda: None, alone_first: bool = False) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
+        self._alone_first = alone_first
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
@@ -160,7 +163,8 @@ class CacheSession:
             self._finish(_compute_bound(data_wait_frac))
             return
         self.before = rate
-        self._try(dataclasses.replace(self._cached_base, cache=True))
+        first = self._cached(0) if self._alone_first and self._cached_base.num_workers > 0 else None
+        self._try(first or dataclasses.replace(self._cached_base, cache=True))
 
     def _on_trial(self, rate: Rate | None, wait: float | None, error: BaseException | None) -> None:
         settings = self._applied
@@ -175,31 +179,15 @@ class CacheSession:
             self._try(following)
 
     def _following(self) -> LoaderSettings | None:
-        """The next cached trial: the main process alone after the workers in place (the cache may have removed all
-        their work), then - when the cache paid but the main process alone is slower - halving the workers while
-        the cache keeps pace; None when done."""
-        before, n = self.before, self._cached_base.num_workers
-        ok = [t for t in self.trials if t.rate is not None]
-        if before is None or not ok:
-            return None
-        if len(self.trials) == 1:
-            return self._cached(0) if n > 0 else None
-        best = max(ok, key=lambda t: t.rate.value if t.rate else 0.0)
-        alone = next((t for t in ok if t.settings.num_workers == 0), None)
-        if best.rate is None or not faster(best.rate, before, self._floor):
-            return None  # the cache did not pay, with the workers in place or without any
-        if alone is not None and alone.rate is not None and not faster(best.rate, alone.rate, self._floor):
-            return None  # the main process alone keeps pace: nothing cheaper to find
-        last = self.trials[-1]
-        if len(self.trials) > 2 and (last.rate is None or faster(best.rate, last.rate, self._floor)):
-            return None  # the last cut made it slower
-        fewer = (n if len(self.trials) == 2 else last.settings.num_workers) // 2
-        return self._cached(fewer) if fewer > 0 and len(self.trials) < 2 + MAX_FEWER else None
+        workers = following(self.trials, self.before, self._cached_base.num_workers, self._floor)
+        return None if workers is None else self._cached(workers)
 
     def _cached(self, workers: int) -> LoaderSettings | None:
         """The cached settings with ``workers`` - None when the fit has no room for their trial and after-window."""
-        settings = self._cached_base.with_workers(workers, persistent=self._cached_base.persistent_workers)
-        settings = dataclasses.replace(settings, cache=True)
+        base = self._cached_base
+        if workers != base.num_workers:
+            base = base.with_workers(workers, persistent=base.persistent_workers)
+        settings = dataclasses.replace(base, cache=True)
         left = self._steps_left()
         return None if left is not None and left < self._windows.trial_steps(self._applied, settings) else settings
 
@@ -301,6 +289,34 @@ class CacheSession:
     @property
     def trial_speedup(self) -> float | None:
         return best_speedup(self.trials, self.before)
+
+
+def following(trials: list[CacheTrial], before: Rate | None, in_place: int, floor: float) -> int | None:
+    """The worker count of the next cached trial, after ``trials`` (the first one made, the workers ``in_place``
+    or the main process alone); None when done. After the workers in place, the main process alone (the cache may
+    have removed all their work); after the main process alone, the workers in place - unless the loop then
+    waited (almost) not at all. Then, when the cache paid but the main process alone is slower, halving the
+    workers while the cache keeps pace (at most ``MAX_FEWER``)."""
+    ok = [t for t in trials if t.rate is not None]
+    if before is None or not ok or in_place == 0:
+        return None
+    if len(trials) == 1:
+        first = trials[0]
+        if first.settings.num_workers > 0:
+            return 0
+        wait = first.data_wait_frac
+        return None if wait is not None and wait < COMPUTE_BOUND_WAIT else in_place
+    best = max(ok, key=lambda t: t.rate.value if t.rate else 0.0)
+    alone = next((t for t in ok if t.settings.num_workers == 0), None)
+    if best.rate is None or not faster(best.rate, before, floor):
+        return None  # the cache did not pay, with the workers in place or without any
+    if alone is not None and alone.rate is not None and not faster(best.rate, alone.rate, floor):
+        return None  # the main process alone keeps pace: nothing cheaper to find
+    last = trials[-1]
+    if len(trials) > 2 and (last.rate is None or faster(best.rate, last.rate, floor)):
+        return None  # the last cut made it slower
+    fewer = (in_place if len(trials) == 2 else last.settings.num_workers) // 2
+    return fewer if fewer > 0 and len(trials) < 2 + MAX_FEWER else None
 
 
 def cheapest_unbeaten(options: list[CacheTrial], floor: float) -> CacheTrial:

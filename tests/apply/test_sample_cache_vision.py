@@ -133,5 +133,6 @@ def test_random_augmentation_in_workers_draws_the_same_numbers_with_the_store_re
     monkeypatch.setattr(sample_store.SampleStore, "get", lambda self, position: None)
     unread = quiet_pipeopt(tune=("cache",), report_dir=tmp_path / "unread", cache=False)
     made = fit([unread], images, workers=2)
-    assert [c.knob for c in unread.report.changes] == ["cache"]
+    knobs = [(c.knob, c.after) for c in callback.report.changes]
+    assert [(c.knob, c.after) for c in unread.report.changes] == knobs and knobs[0] == ("cache", True)
     _same_weights(read, made)

@@ -29,7 +29,7 @@ def world_compute_light(settings: LoaderSettings) -> tuple[float, float]:
 
 def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_cold: bool = False,
         before_wait: float | None = 0.6, windows: int = 20, current: LoaderSettings = EIGHT,
-        filler: LoaderSettings | None = None):
+        filler: LoaderSettings | None = None, alone_first: bool = False):
     switcher = FakeSwitcher()
     switcher.current = current
     seen = {"windows": 0}
@@ -41,7 +41,8 @@ def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_
         return values
 
     session = CacheSession(switcher, windows=TrialWindows(lambda *args: None),
-                           warm=lambda: seen["windows"] >= warm_after, fills=lambda: installed_fills, agree=agree)
+                           warm=lambda: seen["windows"] >= warm_after, fills=lambda: installed_fills, agree=agree,
+                           alone_first=alone_first)
     session.begin(before_wait, filler)
     for _ in range(windows):
         if session.state == "done":
@@ -176,3 +177,27 @@ def test_when_the_main_process_alone_keeps_pace_no_workers_are_kept():
     assert session.kept == dataclasses.replace(EIGHT.with_workers(0, persistent=True), cache=True)
     assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
         "cache": (False, True), "num_workers": (8, 0)}
+
+
+def test_whole_items_try_the_main_process_alone_first_and_stop_there_when_the_loop_no_longer_waits():
+    def world(settings):  # whole items in the store: reading one is all that is left
+        if settings.cache:
+            return (1000.0, 0.03) if settings.num_workers == 0 else (900.0, 0.02)
+        return 400.0, 0.6
+
+    session, switcher = run(world, alone_first=True)
+    assert [(s.num_workers, s.cache) for s in switcher.switches] == [(0, True)]  # one trial, then its after-window
+    assert session.kept == dataclasses.replace(EIGHT.with_workers(0, persistent=True), cache=True)
+
+
+def test_whole_items_still_try_the_workers_when_the_main_process_alone_leaves_a_wait():
+    def world(settings):
+        if settings.cache:
+            return (600.0, 0.4) if settings.num_workers == 0 else (1000.0, 0.02)
+        return 400.0, 0.6
+
+    session, switcher = run(world, alone_first=True)
+    tried = [(s.num_workers, s.cache) for s in switcher.switches]
+    assert tried[:3] == [(0, True), (8, True), (4, True)]  # alone, the workers in place, then halving
+    assert session.kept is not None and session.kept.cache and session.kept.num_workers >= 1
+
