@@ -64,7 +64,7 @@ def _workers(*counts: int, prefetch: int = 2) -> tuple[dict[str, Any], ...]:
     return tuple({"num_workers": n, "persistent_workers": True, "prefetch_factor": prefetch} for n in counts)
 
 
-def image_folder(copies: int = 4) -> Path:
+def image_folder(copies: int = 8) -> Path:
     """``jpeg_folder()``'s 512 JPEGs as an ImageFolder of ``copies`` x 512 entries (links): long epochs, real
     decodes (each entry is cached apart, as distinct files would be)."""
     source = sorted(jpeg_folder().glob("*.jpg"))
@@ -108,7 +108,7 @@ SCENARIOS = {s.name: s for s in (
                   "few ms): hiding 320 ms of latency a batch needs ~100 workers, pipeopt's cap is 64; 12,000 samples "
                   "(1,500 steps) an epoch", lambda: SlowStorage(n=12000, delay_s=0.040),
                   lambda: Classifier(mlp(64, 256, 1)), 8, 4, _workers(32, 64, prefetch=4), ("loader", "cache")),
-    CacheScenario("validation_chain", "ImageFolder of 2,048 384 px JPEGs (512 files, each listed 4 times), "
+    CacheScenario("validation_chain", "ImageFolder of 4,096 384 px JPEGs (512 files, each listed 8 times), "
                   "Resize(128) + CenterCrop(112) + ToTensor + Normalize (all deterministic), small CNN, 32/step",
                   validation_chain, lambda: Classifier(small_cnn(10)), 32, 4, _workers(2, 3, 4),
                   ("loader", "cache"), vision=True),
