@@ -26,7 +26,7 @@ from pipeopt.tuning.loader_search import LoaderSettings
 from pipeopt.tuning.session import TrialWindows
 
 #: The store is warm once it holds this share of the samples an epoch of the node's ranks draws (or its budget is
-#: spent): the rest are made, and stored, as before.
+#: spent), from the epoch after the one that made it: the rest are made, and stored, as before.
 WARM_SHARE = 0.8
 CACHE_WINDOW_S_FACTOR = 3
 
@@ -44,6 +44,11 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     user, split = found
     switcher = switcher or LoaderSwitcher(trainer)
     per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
+    made = {"epoch": 0}  # the epoch the store was made in: no sample it holds is drawn again before the next
+
+    def held_enough() -> bool:
+        stats = switcher.cache.store.stats() if switcher.cache is not None else None
+        return stats is not None and (stats.full or stats.stored >= WARM_SHARE * per_epoch)
 
     def prepare() -> str | None:
         fit_id = trainer.strategy.broadcast(os.getpid())  # rank zero's process: names this fit's store
@@ -53,11 +58,11 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
         if why is None:
             name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
             switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
+            made["epoch"] = -1 if held_enough() else trainer.current_epoch  # a kept store may be warm already
         return why
 
-    def warm() -> bool:
-        stats = switcher.cache.store.stats() if switcher.cache is not None else None
-        return stats is not None and (stats.full or stats.stored >= WARM_SHARE * per_epoch)
+    def warm() -> bool:  # not in the epoch that made the store: the samples it has still to draw are not in it
+        return trainer.current_epoch > made["epoch"] and held_enough()
 
     # Windows at least CACHE_WINDOW_S_FACTOR x window_s long: workers that each wait long on storage deliver their
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)

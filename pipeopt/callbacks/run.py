@@ -215,7 +215,7 @@ class TuningRun:
                           dropped_partial=instruments.timer.dropped_partial, session=self.session,
                           current_loader=current, precision=self.precision.outcome() if self.precision else None,
                           batch=self.batch.outcome() if self.batch else None, after_from=self.after_from,
-                          cache=cache.outcome if cache is not None else None,
+                          cache=cache.report() if cache is not None else None,
                           cache_after=cache.after if cache is not None else None)
         report.sample_cache = self._ledger.figures(self.switcher.cache if self.switcher else None, cache)
         steps_per_epoch, planned = self._epoch_steps

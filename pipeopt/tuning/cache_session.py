@@ -4,9 +4,10 @@ Every DataLoader pipeopt builds fills the store as a side effect of loading (``a
 groups are done, this session makes sure the loader in place is one of those (the same settings), then waits - on
 every rank - until the store holds the samples an epoch needs. Then, on the live run:
 
-1. a window of the settings in place (``before``), not reading from the store: the window in which the store turned
-   warm (the settings in place, filling it - so the warm epoch is not spent on one more window of the slow
-   settings), or - under DALI, whose loader does not fill it - a window of DALI's own;
+1. a window of the settings in place (``before``), not reading from the store: the last windows measured while
+   waiting (the settings in place, filling it), pooled until they span a trial's length - so the warm epoch is not
+   spent on one more window of the slow settings; a window of its own when they do not yet, or under DALI (whose
+   loader does not fill the store);
 2. a trial reading from the store with the same workers;
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
@@ -22,6 +23,8 @@ every rank - until the store holds the samples an epoch needs. Then, on the live
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -71,6 +74,7 @@ class CacheSession:
         self._cached_base: LoaderSettings = switcher.current  # what a cached trial changes (the filler under DALI)
         self._applied: LoaderSettings = switcher.current
         self._pending: WindowStats | None = None
+        self._filling: list[tuple[Rate, float, float]] = []  # the settings in place while waiting: rate, s, wait
         self._failure: BaseException | None = None
         self.before: Rate | None = None
         self.after: WindowStats | None = None  # the after-window of a kept cache: measured after every change
@@ -111,7 +115,7 @@ class CacheSession:
         if not self._fills():
             self._switcher.switch(self.baseline)
             self._switcher.settle()
-        self._windows.measure("filling the sample cache", self.baseline.in_flight, self.baseline)
+        self._windows.measure("filling the sample cache", self.baseline.in_flight)
 
     def on_window(self, stats: WindowStats) -> None:
         if self.started and self.state is not CachePhase.DONE:
@@ -130,12 +134,17 @@ class CacheSession:
         self._windows.last_step_s = figures.step_time_s
         measured = None if figures.failed else figures.rate
         if self.state is CachePhase.WAIT:
+            if measured is not None and self._applied == self.baseline:
+                self._filling.append((measured, figures.step_time_s * stats.steps, figures.data_wait_frac))
             if not figures.store_cold and self._room():
                 self.state = CachePhase.BEFORE
+                pooled = pool_recent(self._filling, self._windows.min_window_s)
                 if self._applied != self.baseline:  # filled by a DataLoader: DALI again for the window before
                     self._apply(self.baseline, "cache: before")
-                else:  # this window measured the settings in place: the window before
-                    self._on_before(measured, figures.data_wait_frac)
+                elif pooled is None:  # too little of the settings in place measured yet
+                    self._windows.measure("cache: before", 0, self._applied)
+                else:
+                    self._on_before(*pooled)
         elif self.state is CachePhase.BEFORE:
             self._on_before(measured, figures.data_wait_frac)
         elif self.state is CachePhase.TRIAL:
@@ -224,16 +233,7 @@ class CacheSession:
                          "faster beyond noise")
 
     def _keep(self, chosen: CacheTrial, after: Rate, before: Rate) -> None:
-        predicted, measured = (chosen.rate.value / before.value if chosen.rate else None), after.value / before.value
-        why = (f"{before.value:,.1f} -> {after.value:,.1f} samples/s reading each sample's deterministic part from "
-               "the store (trial, then after-window)")
-        changes = [Change("cache", False, True, why, predicted, measured)]
-        if self.baseline.dali:
-            changes.append(Change("dali", self.baseline.dali, None, "the cached DataLoader was faster"))
-        if chosen.settings.num_workers != self.baseline.num_workers:
-            changes.append(Change("num_workers", self.baseline.num_workers, chosen.settings.num_workers,
-                                  "the cheapest worker count no other cached trial beat beyond noise"))
-        self.outcome.changes = changes
+        self.outcome.changes = kept_changes(chosen, self.baseline, after, before)
         self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
         self._say(f"kept {chosen.settings.describe()}")
         self.state = CachePhase.DONE
@@ -278,6 +278,19 @@ class CacheSession:
         self.chosen = CacheTrial(settings, None)
         self.outcome.changes = [Change("cache", False, True, "kept by the run this one resumes (from its checkpoint)")]
 
+    def report(self) -> Outcome:
+        """The outcome, saying so when the fit ended while the cache was still being measured."""
+        if not self.measuring:
+            return self.outcome
+        if self.state is CachePhase.WAIT:
+            why = "the fit ended before the store held an epoch: the cache was not tried"
+        elif self.state is CachePhase.AFTER and self.chosen is not None:
+            why = (f"the fit ended before the after-window of {self.chosen.settings.describe()} closed: it was in "
+                   "place for the end of the fit, unverified, and is not reported as kept")
+        else:
+            why = f"the fit ended while the cache was being tried; it ended on {self._applied.describe()}"
+        return Outcome(list(self.outcome.changes), list(self.outcome.suggestions), [why, *self.outcome.notes])
+
     @property
     def measuring(self) -> bool:
         return self.started and self.state is not CachePhase.DONE
@@ -289,6 +302,39 @@ class CacheSession:
     @property
     def trial_speedup(self) -> float | None:
         return best_speedup(self.trials, self.before)
+
+
+def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, before: Rate) -> list[Change]:
+    """The report's changes for a kept cache: the cache (its trial's and after-window's speedups over ``before``),
+    DALI given up, the worker count."""
+    predicted, measured = (chosen.rate.value / before.value if chosen.rate else None), after.value / before.value
+    why = (f"{before.value:,.1f} -> {after.value:,.1f} samples/s reading each sample's deterministic part from "
+           "the store (trial, then after-window)")
+    changes = [Change("cache", False, True, why, predicted, measured)]
+    if baseline.dali:
+        changes.append(Change("dali", baseline.dali, None, "the cached DataLoader was faster"))
+    if chosen.settings.num_workers != baseline.num_workers:
+        changes.append(Change("num_workers", baseline.num_workers, chosen.settings.num_workers,
+                              "the cheapest worker count no other cached trial beat beyond noise"))
+    return changes
+
+
+def pool_recent(windows: list[tuple[Rate, float, float]], seconds: float) -> tuple[Rate, float] | None:
+    """The most recent of ``windows`` (rate, seconds, data wait) that together span ``seconds``, as one: their
+    time-weighted rate and wait, with the larger of their pooled standard error and their spread's; None when all
+    of them span less."""
+    taken: list[tuple[Rate, float, float]] = []
+    for window in reversed(windows):
+        taken.append(window)
+        if sum(d for _, d, _ in taken) >= seconds:
+            break
+    total = sum(d for _, d, _ in taken)
+    if not taken or total < seconds or total <= 0:
+        return None
+    value = sum(r.value * d for r, d, _ in taken) / total
+    pooled_se = math.sqrt(sum((r.value * d * r.rel_se) ** 2 for r, d, _ in taken)) / (value * total)
+    spread = statistics.stdev(r.value for r, _, _ in taken) / math.sqrt(len(taken)) / value if len(taken) > 1 else 0.0
+    return Rate(value, max(pooled_se, spread)), sum(w * d for _, d, w in taken) / total
 
 
 def following(trials: list[CacheTrial], before: Rate | None, in_place: int, floor: float) -> int | None:

@@ -58,6 +58,8 @@ def test_a_kept_cache_serves_items_from_the_store_and_the_weights_are_bit_identi
     assert torch.equal(torch.get_rng_state(), plain_rng)  # the determinism check put the generators back
     figures = report.sample_cache
     assert figures is not None and figures.kept and figures.stored == 128 and figures.fill_s > 0
+    # not tried in the epoch that made the store (16 steps): the samples still to come there are not in it
+    assert min(w.first_step for w in report.timeline if w.label.startswith("cache trial")) >= 16
     reading = [row for row in figures.epochs if row["reading"]]
     assert reading and reading[-1]["hit_rate"] == 1.0 and reading[-1]["misses"] == 0
     # every item made at most once by the fill, plus the determinism check's six: the reading epochs made none

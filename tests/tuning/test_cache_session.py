@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeopt.tuning.cache_session import CacheSession
+from pipeopt.tuning.cache_session import CacheSession, pool_recent
 from pipeopt.tuning.loader_search import LoaderSettings
+from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.session import Agreed, TrialWindows
 from tests.helpers import make_window
 from tests.tuning.test_session import FakeSwitcher
@@ -201,3 +202,35 @@ def test_whole_items_still_try_the_workers_when_the_main_process_alone_leaves_a_
     assert tried[:3] == [(0, True), (8, True), (4, True)]  # alone, the workers in place, then halving
     assert session.kept is not None and session.kept.cache and session.kept.num_workers >= 1
 
+
+
+def test_a_fit_that_ends_mid_session_says_where_it_stopped():
+    notes = {}
+    for windows in range(1, 12):
+        session, switcher = run(world_storage_bound, windows=windows)
+        notes.setdefault(session.state, session.report().notes[0])
+        assert session.report().changes == session.outcome.changes
+    assert "before the store held an epoch" in notes["wait"]
+    assert "while the cache was being tried; it ended on num_workers=" in notes["trial"]
+    assert "after-window of num_workers=2" in notes["after"] and "unverified" in notes["after"]
+    assert notes["done"].startswith("sample cache kept")
+
+
+def test_the_window_before_pools_the_last_waiting_windows_until_they_span_a_trial():
+    windows = [(Rate(100.0, 0.01), 1.0, 0.9), (Rate(300.0, 0.01), 1.0, 0.5), (Rate(500.0, 0.01), 2.0, 0.3)]
+    rate, wait = pool_recent(windows, 3.0)  # the last two span 3 s: time-weighted, the first left out
+    assert rate.value == (300.0 + 2 * 500.0) / 3 and wait == (0.5 + 2 * 0.3) / 3
+    assert rate.rel_se >= 200.0 / 2 ** 0.5 / 2 / rate.value  # their spread counts, not only their own noise
+    assert pool_recent(windows, 5.0) is None  # all of them span less: a window of its own is measured
+
+
+def test_too_little_waited_for_a_window_before_measures_one():
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    windows = TrialWindows(lambda label, *shape: labels.append(label), min_window_s=10.0)
+    session = CacheSession(switcher, windows=windows, warm=lambda: True, fills=lambda: True)
+    session.begin(0.6)
+    session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.6, rate_rel_se=0.01))  # 1 s of waiting
+    session.on_step_end()
+    assert labels[-1] == "cache: before" and session.before is None and switcher.switches == []
