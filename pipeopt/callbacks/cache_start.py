@@ -16,7 +16,7 @@ import psutil
 from pipeopt import _lightning
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
 from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
-from pipeopt.apply.sample_store import SLOTS, SampleStore
+from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats
 from pipeopt.config import PipeOptConfig
 from pipeopt.measure.window import WindowMeter
 from pipeopt.report.model import SampleCacheFigures
@@ -25,8 +25,9 @@ from pipeopt.tuning.cache_session import CacheSession
 from pipeopt.tuning.loader_search import LoaderSettings
 from pipeopt.tuning.session import TrialWindows
 
-#: The store is warm once it holds this share of the samples an epoch of the node's ranks draws (or its budget is
-#: spent), from the epoch after the one that made it: the rest are made, and stored, as before.
+#: The store is warm once it holds this share of the samples an epoch of the node's ranks draws - less those the
+#: first epoch drew before the store was made, which no loader of pipeopt's made - (or its budget is spent), from
+#: the epoch after the one that made it: the rest are made, and stored, as before.
 WARM_SHARE = 0.8
 CACHE_WINDOW_S_FACTOR = 3
 
@@ -44,11 +45,13 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     user, split = found
     switcher = switcher or LoaderSwitcher(trainer)
     per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
-    made = {"epoch": 0}  # the epoch the store was made in: no sample it holds is drawn again before the next
+    # The epoch the store was made in (no sample it holds is drawn again before the next), and the samples that
+    # epoch drew before it: made by the user's loader, they can only be stored when next drawn
+    made = {"epoch": 0, "before": 0}
 
     def held_enough() -> bool:
-        stats = switcher.cache.store.stats() if switcher.cache is not None else None
-        return stats is not None and (stats.full or stats.stored >= WARM_SHARE * per_epoch)
+        return holds_epoch(switcher.cache.store.stats() if switcher.cache is not None else None, per_epoch,
+                           made["before"])
 
     def prepare() -> str | None:
         fit_id = trainer.strategy.broadcast(os.getpid())  # rank zero's process: names this fit's store
@@ -58,7 +61,12 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
         if why is None:
             name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
             switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
-            made["epoch"] = -1 if held_enough() else trainer.current_epoch  # a kept store may be warm already
+            if not held_enough():  # a kept store may be warm already
+                size = _samples_per_epoch(trainer, user, len(split)) / max(1, trainer.num_training_batches or 1)
+                drawn = _lightning.batches_this_epoch(trainer) * size * max(1, trainer.num_devices)
+                made.update(epoch=trainer.current_epoch, before=min(int(drawn), per_epoch // 2))
+            else:
+                made["epoch"] = -1
         return why
 
     def warm() -> bool:  # not in the epoch that made the store: the samples it has still to draw are not in it
@@ -68,7 +76,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
     windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None)
     planned = _lightning.planned_steps(trainer)
-    session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
+    session = CacheSession(switcher, windows=windows, warm=warm, holds_epoch=held_enough, fills=lambda: switcher.fills,
+                           agree=agree,
                            say=say if trainer.is_global_zero else (lambda line: None), prepare=prepare,
                            steps_left=lambda: None if planned is None else planned - trainer.global_step,
                            alone_first=split.whole)
@@ -114,6 +123,12 @@ def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> Sample
     budget = max(1, int(config.sample_cache_share * free))
     slot = trainer.local_rank % SLOTS
     return SampleStore(root / f"{name}-{socket.gethostname()}", len(split), budget, slot=slot)
+
+
+def holds_epoch(stats: StoreStats | None, per_epoch: int, unfillable: int) -> bool:
+    """The store holds ``WARM_SHARE`` of what an epoch draws, less the ``unfillable`` samples the first epoch drew
+    before it was made (or its budget is spent)."""
+    return stats is not None and (stats.full or stats.stored >= WARM_SHARE * (per_epoch - unfillable))
 
 
 def _samples_per_epoch(trainer: Any, user: Any, length: int) -> int:

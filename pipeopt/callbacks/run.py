@@ -75,7 +75,7 @@ class TuningRun:
             else:
                 self.sample_cache, self.switcher = started
                 if self.session is not None:
-                    self.session.store_warm = self.sample_cache.warm
+                    self.session.store_warm = self.sample_cache.holds_epoch
         plan = self.batch
         if plan is not None and plan.choice is not None and self._loader_settled:
             plan.begin(trainer, 0)  # the checkpoint's plan, from the first batch (the loader is settled)

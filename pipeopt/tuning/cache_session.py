@@ -62,8 +62,10 @@ class CacheSession:
     def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
-                 prepare: Callable[[], str | None] = lambda: None, alone_first: bool = False) -> None:
+                 prepare: Callable[[], str | None] = lambda: None, alone_first: bool = False,
+                 holds_epoch: Callable[[], bool] | None = None) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
+        self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._alone_first = alone_first
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)

@@ -122,3 +122,18 @@ def test_a_run_the_loader_does_not_limit_never_has_its_dataset_called_outside_tr
     assert callback.report.trials[1:] == [] and any("compute-bound" in n for n in callback.report.notes)
     assert CountingDataset.made == plain  # no determinism check, no store: the dataset saw only training
     assert callback.report.sample_cache is None
+
+
+def test_the_store_is_warm_at_its_share_of_what_pipeopts_loaders_could_fill():
+    """The samples the first epoch drew before the store existed (the user's own loader made them) are not held
+    against it: a store holding 80 % of the rest is warm; a full budget is warm whatever it holds."""
+    from pipeopt.apply.sample_store import StoreStats
+    from pipeopt.callbacks.cache_start import holds_epoch
+
+    def stats(stored, unstored=0):
+        return StoreStats(stored=stored, length=4096, bytes_used=0, budget_bytes=1, fill_s=0.0, unstored=unstored)
+
+    assert not holds_epoch(stats(3264), 4096, 0)  # 79.7 % of an epoch
+    assert holds_epoch(stats(3264), 4096, 832)  # all 3,264 the filling loaders could make
+    assert not holds_epoch(stats(2000), 4096, 832)
+    assert holds_epoch(stats(100, unstored=5), 4096, 0) and not holds_epoch(None, 4096, 0)
