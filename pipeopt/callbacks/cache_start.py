@@ -76,8 +76,10 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
     windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None)
     planned = _lightning.planned_steps(trainer)
-    session = CacheSession(switcher, windows=windows, warm=warm, holds_epoch=held_enough, fills=lambda: switcher.fills,
-                           agree=agree,
+    # The loader search stops once the store holds an epoch of whole items: more workers would only share work the
+    # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
+    session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
+                           holds_epoch=held_enough if split.whole else (lambda: False),
                            say=say if trainer.is_global_zero else (lambda line: None), prepare=prepare,
                            steps_left=lambda: None if planned is None else planned - trainer.global_step,
                            alone_first=split.whole)

@@ -136,3 +136,20 @@ def test_random_augmentation_in_workers_draws_the_same_numbers_with_the_store_re
     knobs = [(c.knob, c.after) for c in callback.report.changes]
     assert [(c.knob, c.after) for c in unread.report.changes] == knobs and knobs[0] == ("cache", True)
     _same_weights(read, made)
+
+
+@pytest.mark.parametrize("random_suffix", [False, True], ids=["whole-items", "random-suffix"])
+def test_the_worker_search_ends_early_only_for_a_store_of_whole_items(images, monkeypatch, tmp_path, random_suffix):
+    """A store holding whole items leaves the workers nothing to do; one with a random transform after it does not,
+    so the worker search (DALI included) goes on."""
+    controlled_rates(monkeypatch, lambda s: 100.0 * (1 + min(getattr(s, "num_workers", 0), 2))
+                     * (3 if getattr(s, "cache", False) else 1))
+    flip = [T.RandomHorizontalFlip()] if random_suffix else []
+    dataset = torchvision.datasets.ImageFolder(images, transform=T.Compose([T.Resize(20), T.CenterCrop(16), *flip,
+                                                                            T.ToTensor()]))
+    callback = quiet_pipeopt(tune=("loader", "cache"), report_dir=tmp_path, cache=False)
+    pl.seed_everything(1, verbose=False)
+    trainer = pl.Trainer(max_epochs=6, callbacks=[callback], **quiet_trainer_kwargs())
+    trainer.fit(Classifier(), DataLoader(dataset, batch_size=2, shuffle=True))
+    notes = callback.report.notes
+    assert any("sample cache's store holds an epoch" in n for n in notes) is not random_suffix, notes
