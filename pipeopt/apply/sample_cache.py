@@ -87,13 +87,13 @@ class FolderSplit:
 class WholeSplit:
     """Any map-style dataset shown deterministic: the whole item is cached."""
 
+    whole = True  # nothing is left to do per sample after the store
+
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
 
     def __len__(self) -> int:
         return len(self.dataset)
-
-    whole = True  # nothing is left to do per sample after the store
 
     def make(self, i: int) -> Any:
         return self.dataset[i]

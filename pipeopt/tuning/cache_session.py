@@ -140,10 +140,11 @@ class CacheSession:
                 self._filling.append((measured, figures.step_time_s * stats.steps, figures.data_wait_frac))
             if not figures.store_cold and self._room():
                 self.state = CachePhase.BEFORE
-                pooled = pool_recent(self._filling, self._windows.min_window_s)
                 if self._applied != self.baseline:  # filled by a DataLoader: DALI again for the window before
                     self._apply(self.baseline, "cache: before")
-                elif pooled is None:  # too little of the settings in place measured yet
+                    return
+                pooled = pool_recent(self._filling, self._windows.min_window_s)
+                if pooled is None:  # too little of the settings in place measured yet
                     self._windows.measure("cache: before", 0, self._applied)
                 else:
                     self._on_before(*pooled)
