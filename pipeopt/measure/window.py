@@ -47,6 +47,8 @@ class WindowStats:
     busy_frac: float
     resources: ResourceFigures = field(default_factory=ResourceFigures)
     batches: int = 0  # micro-batches taken from the loader (``steps`` times the accumulation)
+    step_cpu_s: float = 0.0  # CPU seconds per step of the training process outside the fetch (``StepRecord``)
+    fetch_cpu_s: float = 0.0  # CPU seconds per step of the training thread inside the fetch: with no workers, loading
     supply_ratio: float | None = None  # batches the loader made per batch taken in the window (``supply_ratio``)
 
     @property
@@ -119,6 +121,8 @@ def summarize(
         busy_frac=compute / safe,
         resources=resources,
         batches=sum(r.micro_batches for r in records),
+        step_cpu_s=sum(r.step_cpu for r in records) / n,
+        fetch_cpu_s=sum(r.fetch_cpu for r in records) / n,
         supply_ratio=supply_ratio(records, ready),
     )
 

@@ -93,3 +93,23 @@ def test_samples_unknown_when_a_batch_has_no_tensor():
     _step(timer, clock, wait=0.1, transfer=0.0, compute=0.2, samples=None)
     timer.interrupted()
     assert records[0].samples is None
+
+
+def test_cpu_is_split_into_the_threads_loading_inside_the_fetch_and_the_processs_step_outside_it():
+    clock, process, thread = FakeClock(), FakeClock(), FakeClock()
+    records = []
+    timer = StepTimer(clock, HostClock(clock), records.append, process_cpu=process, thread_cpu=thread)
+    for load_cpu in (0.03, 0.05):
+        timer.fetch_started()
+        clock.advance(0.1)  # the fetch: 0.1 s of wall time, of which ``load_cpu`` is the training thread loading ...
+        thread.advance(load_cpu)
+        process.advance(load_cpu + 0.06)  # ... while the process's idle intra-op threads spin for 60 ms
+        timer.fetch_stopped()
+        timer.compute_started()
+        clock.advance(0.2)
+        process.advance(0.25)  # the step: the training thread and its intra-op threads
+        thread.advance(0.15)
+        timer.compute_stopped()
+        timer.batch_ended(8, optimizer_stepped=True)
+    timer.interrupted()  # the epoch ends: the last step ends at its own batch
+    assert [(r.fetch_cpu, r.step_cpu) for r in records] == [pytest.approx((0.03, 0.25)), pytest.approx((0.05, 0.25))]

@@ -6,7 +6,7 @@ from pipeopt.measure.window import WindowMeter, summarize
 from tests.measure.fakes import FakeClock, NullProbe
 
 
-def record(start, *, wait=0.1, transfer=0.05, compute=0.3, total=0.5, samples=10):
+def record(start, *, wait=0.1, transfer=0.05, compute=0.3, total=0.5, samples=10, step_cpu=0.0, fetch_cpu=0.0):
     return StepRecord(
         start=start,
         end=start + total,
@@ -15,11 +15,13 @@ def record(start, *, wait=0.1, transfer=0.05, compute=0.3, total=0.5, samples=10
         computes=((start + 0.2, start + 0.2 + compute),),
         samples=samples,
         micro_batches=1,
+        step_cpu=step_cpu,
+        fetch_cpu=fetch_cpu,
     )
 
 
 def test_summary_figures():
-    recs = [record(0.0), record(0.5, total=1.5, wait=1.1)]
+    recs = [record(0.0, step_cpu=0.4, fetch_cpu=0.1), record(0.5, total=1.5, wait=1.1, step_cpu=0.6, fetch_cpu=0.3)]
     w = summarize(recs, HostClock(), index=0, label="observe", first_step=5, resources=NullProbe().end(None))
     assert w.steps == 2 and w.samples == 20 and w.first_step == 5
     assert w.duration_s == pytest.approx(2.0)
@@ -31,6 +33,7 @@ def test_summary_figures():
     assert w.transfer_frac == pytest.approx(0.1 / 2.0)
     assert w.busy_frac == pytest.approx(0.6 / 2.0)
     assert w.input_free_step_s == pytest.approx(1.0 - 0.6)
+    assert (w.step_cpu_s, w.fetch_cpu_s) == pytest.approx((0.5, 0.2))  # per step
 
 
 def test_samples_per_second_is_unknown_when_samples_are():
