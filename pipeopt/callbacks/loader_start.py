@@ -17,14 +17,29 @@ from pipeopt.callbacks.fingerprint import fit_parts
 from pipeopt.config import PipeOptConfig
 from pipeopt.dali import DaliSource
 from pipeopt.dali import blocker as dali_blocker
-from pipeopt.measure.cpu import cpus_available, worker_private_memory
+from pipeopt.measure.cpu import cpus_available, private_memory, worker_private_memory
 from pipeopt.measure.window import WindowMeter
-from pipeopt.tuning.agreement import ReduceMax
+from pipeopt.tuning.agreement import MAX, MIN, ReduceMax, agreed
+from pipeopt.tuning.agreement import agree as agree_on
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
 from pipeopt.tuning.session import LoaderSession, TrialWindows
 
 #: Records a group left alone and why (``warn=False``: the caller warns once for several groups).
 Skip = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """What loader workers may take (half the memory available) and what the training process holds privately (a
+    worker's stand-in until one is measured), as every rank agrees: the least any rank may take, the most any
+    holds - so every rank fits the loader model to the same budget."""
+
+    available: int = agreed(MIN)
+    training: int | None = agreed(MAX)
+
+    @classmethod
+    def measure(cls, agree: ReduceMax) -> WorkerMemory:
+        return agree_on(cls(int(0.5 * psutil.virtual_memory().available), private_memory()), agree)
 
 
 @dataclass
@@ -62,8 +77,9 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
         return None
     cpus = max(1, cpus_available() // max(1, trainer.num_devices))
     switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
-    budget = Budget(cpus=cpus, memory_bytes=int(0.5 * psutil.virtual_memory().available), cuda=cuda,
-                    more_epochs=more_epochs_ahead(trainer), may_change_workers="loader" in groups, dali=dali)
+    memory = WorkerMemory.measure(agree)
+    budget = Budget(cpus=cpus, memory_bytes=memory.available, cuda=cuda, more_epochs=more_epochs_ahead(trainer),
+                    may_change_workers="loader" in groups, dali=dali, training_mem_bytes=memory.training)
     windows = TrialWindows(meter.reset, config.window, config.window_s, _epoch_steps(trainer))
     session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, windows=windows, clock=clock,
                             say=say if trainer.is_global_zero else (lambda line: None),

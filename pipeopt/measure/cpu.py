@@ -63,10 +63,14 @@ class CpuMeter:
 def worker_private_memory(process: psutil.Process | None = None, sample: int = 4) -> int | None:
     """Mean unique memory (USS: pages no other process shares) of up to ``sample`` live children; None without
     children. Forked workers share the parent's pages until they write them, so RSS would overstate them."""
-    sizes = []
-    for child in (process or psutil.Process()).children(recursive=True)[:sample]:
-        try:
-            sizes.append(child.memory_full_info().uss)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
+    sizes = [size for child in (process or psutil.Process()).children(recursive=True)[:sample]
+             if (size := private_memory(child)) is not None]
     return int(sum(sizes) / len(sizes)) if sizes else None
+
+
+def private_memory(process: psutil.Process | None = None) -> int | None:
+    """A process's unique memory (USS); None where it cannot be read."""
+    try:
+        return int((process or psutil.Process()).memory_full_info().uss)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None

@@ -1,26 +1,35 @@
 """A capacity model of the input pipeline, fitted to the windows the run measured: what throughput any worker count
-would reach, so the search can try the predicted best first and check it, instead of walking counts one by one.
+would reach, so the search tries the predicted best first and checks it, instead of walking counts one by one.
 
 Three limits, in samples/s (Plumber's view of a pipeline as stages with rates and CPU costs, fitted here to live
 windows rather than traced):
 
 * **the step**: the rate at which the step consumes samples once input is free - a window's rate over the share of
-  it that did not wait for data (``rate / (1 - wait)``);
+  it that did not wait for data (``rate / (1 - wait)``), the largest any window read. A lower bound: a step that
+  waited also pays for having waited (intra-op threads woken from sleep, cold caches), so a window that waits
+  less reads a faster step;
 * **the loaders**: ``n`` workers deliver ``n`` times what one delivers. A window that still waited was limited by
   its supply: with ``n`` workers one delivers ``rate / n``; the main process, loading between steps, spent the waited
   share of each step loading, so it delivers ``rate / wait``;
-* **the CPUs** this rank may use: each sample costs the training process ``main`` and the workers ``worker``
-  CPU-seconds (measured once a window ran with workers: their CPU use over the rate), so no count can exceed
-  ``cpus / (main + worker)``.
+* **the CPUs** this rank may use: a sample costs ``load_cpu`` CPU-seconds to load (measured where it is loaded: the
+  training thread's CPU inside the fetch when the main process loads, the workers' CPU when they do) and the
+  training process ``step_cpu`` outside it (the step's own, intra-op threads included), so no count exceeds
+  ``cpus / (load_cpu + step_cpu)``. Not the process's CPU while the loop waits: its intra-op threads spin then
+  and read as busy. Read while the step waited, this limit is a lower bound too: a step that waits less costs
+  less CPU.
 
-``rate(n) = min(step, n x loader, CPU limit)``; with no worker, loading and the step take turns. Until a window
-with workers has measured what a worker costs in CPU, at most two workers per CPU are considered (a storage-bound
-worker mostly waits; a CPU-bound one must be measured before more are started), and a worker's measured memory
-bounds the count by the memory available.
+The pick aims ``HEADROOM`` above the lower of the two bounds: enough workers that the loaders do not limit the
+step where it turns out faster than a waiting window could show; the trial and the refit correct the rest.
+
+``rate(n) = min(step, n x loader, CPU limit)``; with no worker, loading and the step take turns. Until loading's
+CPU is measured, at most two workers per CPU are considered; until a window with workers has measured what a
+worker takes in memory, each is taken to need as much memory as the training process holds privately (the most a
+forked copy comes to by writing every page it shares), and the memory available bounds the count by it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,21 +39,24 @@ if TYPE_CHECKING:
 
 #: A window that waited at least this share of the step was limited by its loaders' supply.
 SUPPLY_BOUND_WAIT = 0.10
-#: The fewest workers whose predicted rate is within this share of the best predicted rate is the pick.
+#: The pick is the fewest workers whose supply comes within this share of what it aims for.
 CLOSE_ENOUGH = 0.03
+#: The pick aims this far above the lower of the step's measured rate and the CPU limit (both lower bounds).
+HEADROOM = 1.25
 #: Waits are capped here so a window that waited almost all the time still yields a finite step rate.
 MAX_WAIT = 0.95
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """The fitted limits. ``worker_cpu``/``main_cpu``: CPU-seconds per sample (None until measured with workers)."""
+    """The fitted limits. ``load_cpu``/``step_cpu``: CPU-seconds per sample (None until measured);
+    ``worker_mem_bytes``: one worker's private memory, measured or the stand-in above."""
 
     step_rate: float
     loader_rate: float  # samples/s one worker delivers (or the main process, loading between steps)
     cpus: float
-    main_cpu: float | None = None
-    worker_cpu: float | None = None
+    step_cpu: float | None = None
+    load_cpu: float | None = None
     worker_mem_bytes: int | None = None
     memory_bytes: int | None = None
 
@@ -52,34 +64,35 @@ class Capacity:
         """Predicted samples/s with ``workers`` loader workers (0: the main process loads)."""
         if workers == 0:
             return 1.0 / (1.0 / self.step_rate + 1.0 / self.loader_rate)
-        rate = min(self.step_rate, workers * self.loader_rate)
-        cpu = self.cpu_limit
-        return rate if cpu is None else min(rate, cpu)
+        return min(self.step_rate, workers * self.loader_rate, self.cpu_limit)
 
     @property
-    def cpu_limit(self) -> float | None:
-        if self.main_cpu is None or self.worker_cpu is None or self.main_cpu + self.worker_cpu <= 0:
-            return None
-        return self.cpus / (self.main_cpu + self.worker_cpu)
+    def cpu_limit(self) -> float:
+        """The most samples/s the CPUs can load and step (infinite until a sample's CPU is measured)."""
+        per_sample = (self.load_cpu or 0.0) + (self.step_cpu or 0.0)
+        return self.cpus / per_sample if per_sample > 0 else math.inf
 
     def most_workers(self, cap: int) -> int:
-        """The largest count worth considering: ``cap``, two per CPU until a worker's CPU is measured, and what
-        the memory available holds."""
-        most = cap if self.worker_cpu is not None else min(cap, max(1, int(2 * self.cpus)))
+        """The largest count worth considering: ``cap``, two per CPU until what loading a sample costs in CPU is
+        measured (a CPU-bound loader must be measured before more are started), and what the memory holds."""
+        most = cap if self.load_cpu is not None else min(cap, max(1, int(2 * self.cpus)))
         if self.worker_mem_bytes and self.memory_bytes is not None:
-            most = min(most, max(1, self.memory_bytes // self.worker_mem_bytes))
+            most = min(most, self.memory_bytes // self.worker_mem_bytes)
         return max(1, most)
 
     def best(self, cap: int) -> int:
-        """The fewest workers (>= 1) predicted within ``CLOSE_ENOUGH`` of the best rate any allowed count reaches."""
-        counts = range(1, self.most_workers(cap) + 1)
-        top = max(self.rate(n) for n in counts)
-        return next(n for n in counts if self.rate(n) >= (1.0 - CLOSE_ENOUGH) * top)
+        """The fewest workers (>= 1) whose supply reaches, within ``CLOSE_ENOUGH``, ``HEADROOM`` times the step's
+        rate or the CPU limit, whichever is lower; the most allowed when none does."""
+        goal = (1.0 - CLOSE_ENOUGH) * HEADROOM * min(self.step_rate, self.cpu_limit)
+        most = self.most_workers(cap)
+        return max(1, min(most, math.ceil(goal / self.loader_rate)))
 
 
-def fit(trials: Sequence[Trial], *, cpus: float, memory_bytes: int | None = None) -> Capacity | None:
-    """The model of the measured ``trials`` (the baseline first); None when no trial measured a rate."""
-    ok = [t for t in trials if t.rate is not None and t.rate.value > 0]
+def fit(trials: Sequence[Trial], *, cpus: float, memory_bytes: int | None = None,
+        training_mem_bytes: int | None = None) -> Capacity | None:
+    """The model of the measured ``trials`` (the baseline first); None when no trial measured a rate.
+    ``training_mem_bytes``: the training process's private memory, a worker's stand-in until one is measured."""
+    ok = [t for t in trials if t.rate is not None and t.rate.value > 0 and not t.settings.dali]
     if not ok:
         return None
 
@@ -89,18 +102,15 @@ def fit(trials: Sequence[Trial], *, cpus: float, memory_bytes: int | None = None
     step_rate = max(t.rate.value / (1.0 - wait(t)) for t in ok if t.rate is not None)
     loader_rate = None
     for t in ok:  # the latest window limited by its supply says what one loader delivers
-        if t.rate is not None and not t.settings.dali and wait(t) >= SUPPLY_BOUND_WAIT:
+        if t.rate is not None and wait(t) >= SUPPLY_BOUND_WAIT:
             n = t.settings.num_workers
             loader_rate = t.rate.value / n if n else t.rate.value / wait(t)
     if loader_rate is None:  # nothing waited: every loader kept up; a worker delivers at least the step's share
         loader_rate = step_rate
-    with_workers = [t for t in ok if t.settings.num_workers > 0 and not t.settings.dali
-                    and t.cpu_workers_pct is not None and t.cpu_main_pct is not None]
-    main_cpu = worker_cpu = None
-    mem = next((t.worker_mem_bytes for t in reversed(with_workers) if t.worker_mem_bytes), None)
-    if with_workers:
-        last = with_workers[-1]
-        rate = last.rate.value if last.rate is not None else 1.0
-        main_cpu, worker_cpu = (last.cpu_main_pct or 0.0) / 100.0 / rate, (last.cpu_workers_pct or 0.0) / 100.0 / rate
-    return Capacity(step_rate=step_rate, loader_rate=loader_rate, cpus=float(cpus), main_cpu=main_cpu,
-                    worker_cpu=worker_cpu, worker_mem_bytes=mem, memory_bytes=memory_bytes)
+    measured_load = [t.load_cpu_s for t in ok if t.load_cpu_s is not None]
+    measured_step = [t.step_cpu_s for t in ok if t.step_cpu_s is not None]
+    mem = next((t.worker_mem_bytes for t in reversed(ok) if t.settings.num_workers and t.worker_mem_bytes), None)
+    return Capacity(step_rate=step_rate, loader_rate=loader_rate, cpus=float(cpus),
+                    step_cpu=measured_step[-1] if measured_step else None,
+                    load_cpu=measured_load[-1] if measured_load else None,
+                    worker_mem_bytes=mem or training_mem_bytes, memory_bytes=memory_bytes)

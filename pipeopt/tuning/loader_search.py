@@ -2,31 +2,34 @@
 
 The search (a plan, fed one measured trial at a time):
 1. Compute-bound (data wait below 10 %): stop; more workers would only take CPU from the step.
-2. Grow ``num_workers`` geometrically (0 -> 1 -> 2 -> 4 ...) while each step is faster than the best so far
-   beyond noise (a count too close to call is measured once more and judged on both windows), until the data
-   wait is gone (< 5 %), a trial fails, or the next count would not fit the budget:
-   two workers per CPU this rank may use always fit; beyond that the measured CPU per worker times the count
-   must fit those CPUs (workers that mostly wait on storage use little CPU and may outnumber the cores), and
-   their measured private memory must fit the memory available.
-3. Refine: the midpoints between the best count and its tried neighbours.
+2. Predict, then verify (``capacity``): a capacity model fitted to the before-window (the step's input-free rate,
+   what the main process delivers loading between steps, what loading a sample costs in CPU) picks the worker
+   count; one trial verifies it; the model, refitted on every trial (now with what a worker delivers and costs in
+   CPU and memory), picks again while it predicts a gain beyond noise over the best measured setting - at most
+   ``MODEL_TRIALS`` trials in all. Every proposal carries its predicted rate; the trial records it beside the
+   measured one.
+3. Fallback, when a pick fails or measures slower than the best so far beyond noise (the model has this pipeline
+   wrong): grow ``num_workers`` geometrically from the fastest count so far while each step is faster than the
+   best beyond noise (a count too close to call is measured once more and judged on both windows), until the data
+   wait is gone (< 5 %), a trial fails, or the next count would not fit the budget: two workers per CPU this rank
+   may use always fit; beyond that the measured CPU per worker times the count must fit those CPUs (workers that
+   mostly wait on storage use little CPU and may outnumber the cores), and their measured private memory must fit
+   the memory available. Then refine: the midpoints between the best count and its tried neighbours.
 4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise, among those
    whose workers' measured memory fits.
 5. DALI (when it may be tried: the ``"dali"`` group, DALI installed, a dataset it can rebuild): one more
    candidate, measured like the others (once more when too close to call). It is chosen only when it beats every
    DataLoader setting beyond noise: at a tie the DataLoader, the user's own machinery, wins.
-6. Extras on a DataLoader choice, each kept only if faster beyond noise: ``prefetch_factor=4`` when some wait
-   remains; ``pin_memory=True`` on CUDA when transfers take time. ``persistent_workers`` is set where workers
-   would otherwise restart at every remaining epoch boundary.
-
-Every DataLoader proposal carries the rate the capacity model (``capacity``), fitted to the trials so far, predicts
-for its worker count; the trial records it beside the measured rate, so the report shows how well the model
-describes this pipeline. The model does not steer the search (yet): see docs/loader-tuning.md.
+6. Extras on a DataLoader choice, each kept only if faster beyond noise: ``pin_memory=True`` on CUDA when transfers
+   take time; after the fallback, ``prefetch_factor=4`` when some wait remains (where the model held, ``n``
+   workers with two batches each in flight cover what the step consumes while one batch is made: a deeper queue
+   is predicted to add nothing). ``persistent_workers`` is set where workers would otherwise restart at every
+   remaining epoch boundary.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +43,8 @@ COMPUTE_BOUND_WAIT = 0.10
 INPUT_SOLVED_WAIT = 0.05
 #: Never more workers than this, whatever the budget says.
 MAX_WORKERS = 64
+#: Trials the model's picks may take (its pick and the refits' picks), before DALI and the extras.
+MODEL_TRIALS = 3
 #: Batches a DALI loader feeds its pipeline ahead of the step.
 DALI_PREFETCH = 2
 
@@ -109,6 +114,8 @@ class Trial:
     error: str | None = None
     repeats: int = 1  # windows pooled into this trial
     predicted: float | None = None  # the capacity model's rate for these settings when they were proposed
+    load_cpu_s: float | None = None  # CPU seconds a sample costs to load (``session.cpu_per_sample``)
+    step_cpu_s: float | None = None  # CPU seconds per sample of the step: the process's, outside the fetch
 
     @property
     def ok(self) -> bool:
@@ -125,6 +132,7 @@ class Budget:
     more_epochs: bool = False  # the fit will cross at least one more epoch boundary
     may_change_workers: bool = True
     dali: str | None = None  # the DALI device to try ("cpu" or "mixed"); None: no DALI candidate
+    training_mem_bytes: int | None = None  # the training process's private memory: a worker's, until one is measured
 
 
 class LoaderSearch:
@@ -139,6 +147,7 @@ class LoaderSearch:
         self.trials: list[Trial] = [baseline]
         self.stop_reason: str | None = None
         self.predictions: dict[LoaderSettings, float] = {}  # what the model predicted for each proposal
+        self.fell_back: str | None = None  # why the search left the model for geometric growth (None: it did not)
         self._plan = self._steps()
         self._waiting = False
 
@@ -149,8 +158,12 @@ class LoaderSearch:
         candidate = next(self._plan, None)
         self._waiting = candidate is not None
         if candidate is not None and not candidate.dali and candidate not in self.predictions:
-            self.predictions[candidate] = self._model().rate(candidate.num_workers)  # checked when it is measured
+            self.predictions[candidate] = self.predict(candidate)  # checked when it is measured
         return candidate
+
+    def predict(self, settings: LoaderSettings) -> float:
+        """The rate the model fitted to every trial so far predicts for a DataLoader setting."""
+        return self._model().rate(settings.num_workers)
 
     def record(self, trial: Trial) -> None:
         """Add a measured trial (with the prediction made for it); a repeat of the last trial's settings is pooled
@@ -183,14 +196,16 @@ class LoaderSearch:
 
         return min(unbeaten or ok, key=cost)
 
-    def best_dataloader(self) -> LoaderSettings | None:
-        """The fastest DataLoader setting measured (None when only DALI was): what fills a sample cache under DALI."""
-        ok = [t for t in self.trials if t.ok and not t.settings.dali]
-        return max(ok, key=lambda t: measured(t.rate).value).settings if ok else None
+    def best_dataloader(self) -> Trial:
+        """The fastest DataLoader setting measured that may be chosen (its workers fit their memory; the baseline at
+        least): where the model is refitted from, and what fills a sample cache under DALI."""
+        ok = [t for t in self.trials if t.ok and not t.settings.dali and self._within_memory(t)]
+        return max(ok, key=lambda t: measured(t.rate).value)
 
     def summary(self) -> list[str]:
-        """How the search went, as report notes: why it stopped."""
-        return [f"loader search stopped: {self.stop_reason}"] if self.stop_reason else []
+        """How the search went, as report notes: where it left the model, why it stopped."""
+        notes = [f"loader model: {self.fell_back}; searched geometrically from there"] if self.fell_back else []
+        return notes + ([f"loader search stopped: {self.stop_reason}"] if self.stop_reason else [])
 
     def _within_memory(self, trial: Trial) -> bool:
         """Its workers' measured memory fits what workers may take (the baseline always does: it is the user's)."""
@@ -208,8 +223,7 @@ class LoaderSearch:
                                 "step; more workers would only take CPU from the step")
             return
         if self.budget.may_change_workers:
-            yield from self._grow()
-            yield from self._refine()
+            yield from self._predicted()
         else:
             self.stop_reason = "num_workers left as is (\"loader\" is not among the groups to tune)"
         yield from self._dali()
@@ -241,33 +255,57 @@ class LoaderSearch:
         return True
 
     def _model(self) -> capacity.Capacity:
-        model = capacity.fit(self.trials, cpus=self.budget.cpus, memory_bytes=self.budget.memory_bytes)
+        model = capacity.fit(self.trials, cpus=self.budget.cpus, memory_bytes=self.budget.memory_bytes,
+                             training_mem_bytes=self.budget.training_mem_bytes)
         if model is None:  # the baseline always has a rate
             raise RuntimeError("pipeopt: no measured trial to fit the loader model to")
         return model
 
-    def _first_count(self) -> int:
-        """Where growth starts: twice the user's workers - or, from the main process, the workers the before-window
-        says the step needs, rounded down to a power of two and at most two per CPU (beyond, the CPU a worker
-        takes must be measured first). The loop waited a share ``w`` of each step while the main process loaded;
-        a worker loading as fast keeps up with ``1 - w`` of an input-free step, so about ``w / (1 - w)`` workers
-        do. A heavily input-bound run skips the counts that cannot be enough."""
-        user = self.baseline.settings.num_workers
-        if user > 0:
-            return 2 * user
-        wait = min(self.baseline.data_wait_frac or 0.0, 0.99)
-        needed = wait / (1.0 - wait)
-        first = 2 ** math.floor(math.log2(needed)) if needed >= 1 else 1
-        return max(1, min(first, 2 * self.budget.cpus))
+    def _predicted(self) -> Iterator[LoaderSettings]:
+        """The model's pick, verified by a trial; then the refitted model's pick while it predicts a gain beyond
+        noise over the fastest setting measured, ``MODEL_TRIALS`` trials at most. A pick that fails, or measures
+        slower than the fastest so far beyond noise, hands the search to geometric growth (``_fallback``)."""
+        for attempt in range(MODEL_TRIALS):
+            model = self._model()
+            n = model.best(MAX_WORKERS)
+            candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
+            predicted, best = model.rate(n), self.best_dataloader()
+            if self._tried(candidate) is not None:
+                self.stop_reason = (f"the loader model, refitted on the trials, picks {_workers(n)} again "
+                                    f"(predicted {predicted:,.1f} samples/s)")
+                return
+            if attempt and not faster(Rate(predicted, 0.0), measured(best.rate), self.floor):
+                self.stop_reason = (f"the loader model predicts no gain beyond noise over "
+                                    f"{_workers(best.settings.num_workers)} ({_workers(n)}: {predicted:,.1f} "
+                                    f"samples/s against {measured(best.rate).value:,.1f} measured)")
+                return
+            yield candidate
+            trial = self.trials[-1]
+            if not trial.ok:
+                self.fell_back = f"its pick, {_workers(n)}, failed: {trial.error}"
+                yield from self._fallback(max(1, n // 2), failed_at=(n, trial.error))
+                return
+            if faster(measured(best.rate), measured(trial.rate), self.floor):
+                self.fell_back = (f"its pick, {_workers(n)}, measured {measured(trial.rate).value:,.1f} samples/s "
+                                  f"(predicted {predicted:,.1f}), slower than "
+                                  f"{_workers(best.settings.num_workers)} ({measured(best.rate).value:,.1f})")
+                yield from self._fallback()
+                return
+        self.stop_reason = f"tried the loader model's pick and its refits' ({MODEL_TRIALS} trials)"
 
-    def _grow(self) -> Iterator[LoaderSettings]:
-        """Double the workers while it pays; the first count that does not beat the best beyond noise (measured
-        twice when too close to call) ends it. Only the step from the main process to one worker is forgiven a
-        tie: a single worker merely overlaps loading with the step. A first count that fails is halved (the jump
-        may have overshot what the machine survives), and growth stays below it."""
-        best = self.baseline
-        n = self._first_count()
-        failed_at: tuple[int, str | None] | None = None
+    def _fallback(self, n: int | None = None,
+                  failed_at: tuple[int, str | None] | None = None) -> Iterator[LoaderSettings]:
+        """Geometric growth from ``n`` (default: twice the fastest count so far), then the midpoints."""
+        best = self.best_dataloader()
+        yield from self._grow(max(1, 2 * best.settings.num_workers if n is None else n), best, failed_at)
+        yield from self._refine()
+
+    def _grow(self, n: int, best: Trial, failed_at: tuple[int, str | None] | None = None) -> Iterator[LoaderSettings]:
+        """Double the workers from ``n`` while it pays; the first count that does not beat ``best`` beyond noise
+        (measured twice when too close to call) ends it. Only the step from the main process to one worker is
+        forgiven a tie: a single worker merely overlaps loading with the step. A first count that fails is halved
+        (the jump may have overshot what the machine survives), and growth stays below it (and below
+        ``failed_at``)."""
         while True:
             if failed_at is not None and n >= failed_at[0]:
                 self.stop_reason = f"{_workers(failed_at[0])} failed: {failed_at[1]}"
@@ -277,8 +315,13 @@ class LoaderSearch:
                     self.stop_reason = f"{n} workers exceed the budget ({self.budget.cpus} CPUs, cap {MAX_WORKERS})"
                 return
             candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
-            yield candidate
-            trial = self.trials[-1]
+            tried = self._tried(candidate)  # a count the model already tried is judged on its window
+            if tried is not None and tried.settings == best.settings:
+                n *= 2
+                continue
+            if tried is None:
+                yield candidate
+            trial = tried or self.trials[-1]
             if not trial.ok and best is self.baseline and n > 1:
                 failed_at, n = (n, trial.error), n // 2
                 continue
@@ -331,7 +374,9 @@ class LoaderSearch:
         s = chosen.settings
         if s.dali:
             return
-        if s.num_workers > 0 and (chosen.data_wait_frac or 0.0) >= INPUT_SOLVED_WAIT and (s.prefetch_factor or 2) < 4:
+        deeper_queue_may_pay = self.fell_back is not None or not self.budget.may_change_workers  # see 6. above
+        if (deeper_queue_may_pay and s.num_workers > 0 and (chosen.data_wait_frac or 0.0) >= INPUT_SOLVED_WAIT
+                and (s.prefetch_factor or 2) < 4):
             candidate = dataclasses.replace(s, prefetch_factor=4)
             yield candidate
             chosen = self.choice()

@@ -56,18 +56,36 @@ class Agreed:
     failed: bool = agreed(ANY)
     over_budget: bool = agreed(ANY)
     store_cold: bool = agreed(ANY, default=True)  # a rank's sample store does not hold an epoch yet (or has none)
+    load_cpu_s: float | None = agreed(MAX, default=None)  # CPU seconds a sample costs to load (``cpu_per_sample``)
+    step_cpu_s: float | None = agreed(MAX, default=None)  # ... and the step: the process's CPU outside the fetch
 
     @classmethod
     def of(cls, stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
            over_budget: bool, store_cold: bool = True) -> Agreed:
         """This rank's figures for a window measured under ``settings``."""
         rate, res = noise.window_rate(stats, settings), stats.resources
+        load_cpu, step_cpu = cpu_per_sample(stats, settings)
         return cls(rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
-                   res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold)
+                   res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold, load_cpu, step_cpu)
 
     @property
     def rate(self) -> Rate:
         return Rate(self.samples_per_s, self.rel_se)
+
+
+def cpu_per_sample(stats: WindowStats, settings: LoaderSettings) -> tuple[float | None, float | None]:
+    """CPU seconds per sample (None where not measured): what loading a sample costs - the training thread's CPU
+    inside the fetch when it loads (no workers), the workers' CPU when they do - and the training process's CPU
+    outside the fetch (the step's share, intra-op threads included). Not the process's CPU while it waits: its
+    intra-op threads spin then, which reads as load it is not."""
+    if not stats.samples or settings.dali:
+        return None, None
+    per_step = stats.steps / stats.samples
+    step_cpu = stats.step_cpu_s * per_step
+    if settings.num_workers == 0:
+        return stats.fetch_cpu_s * per_step, step_cpu
+    workers_pct, rate = stats.resources.cpu_workers_pct, stats.samples_per_s
+    return (None if workers_pct is None or not rate else workers_pct / 100.0 / rate), step_cpu
 
 
 class Phase(str, Enum):
@@ -93,6 +111,8 @@ class TrialWindows:
     min_window_s: float = 0.0
     epoch_steps: int | None = None
     last_step_s: float | None = None
+    last_rate: float | None = None  # samples/s of the last window, whose steps took ``last_step_s``
+    predicted: Callable[[LoaderSettings], float | None] = lambda settings: None  # the loader model's rate
 
     def measure(self, label: str, skip: int, settings: LoaderSettings | None = None) -> None:
         """Skip ``skip`` steps, then measure windows shaped for ``settings`` (None: the default window)."""
@@ -107,8 +127,18 @@ class TrialWindows:
         loaders' in-flight batches skipped, two windows shaped for it."""
         return applied.in_flight + candidate.in_flight + 2 * self._shape(candidate)[0]
 
+    def _step_s(self, settings: LoaderSettings) -> float | None:
+        """The step time to size a window by: the last window's, or shorter where the loader model predicts a
+        faster rate for ``settings`` (a trial of a much faster setting would otherwise get a window far shorter
+        than ``min_window_s``)."""
+        last, expected = self.last_step_s, self.predicted(settings)
+        if last and self.last_rate and expected and expected > self.last_rate:
+            return last * self.last_rate / expected
+        return last
+
     def _shape(self, settings: LoaderSettings) -> tuple[int, int]:
-        paced = int(self.min_window_s / self.last_step_s) if self.last_step_s else 0
+        step_s = self._step_s(settings)
+        paced = int(self.min_window_s / step_s) if step_s else 0
         length = max(self.window, settings.in_flight, paced)
         epoch = self.epoch_steps
         if epoch and epoch <= length:
@@ -209,16 +239,16 @@ class LoaderSession:
                                  not self.store_warm()), self._agree)
         self.store_warm_agreed = not agreed.store_cold
         failure, self._failure = self._failure, None
-        self._windows.last_step_s = agreed.step_time_s
+        self._windows.last_step_s, self._windows.last_rate = agreed.step_time_s, agreed.samples_per_s
         handle = {Phase.BEFORE: self._on_before, Phase.TRIAL: self._on_trial, Phase.AFTER: self._on_after,
                   Phase.VERIFY: self._on_verify}[self.state]
         handle(stats, agreed, failure)
 
     def _on_before(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
-        self.before = stats
-        self.before_rate = agreed.rate
+        self.before, self.before_rate = stats, agreed.rate
         baseline = _trial_of(self._switcher.user_settings, agreed)
         self.search = LoaderSearch(baseline, self._budget, floor=self._floor)
+        self._windows.predicted = self.search.predictions.get  # trials are sized at their predicted pace
         self._started = self._clock()
         self._next_trial()
 
@@ -428,7 +458,8 @@ def _trial_line(search: LoaderSearch) -> str:
 def _trial_of(settings: LoaderSettings, agreed: Agreed) -> Trial:
     return Trial(settings=settings, rate=agreed.rate, data_wait_frac=agreed.data_wait_frac,
                  transfer_frac=agreed.transfer_frac, cpu_main_pct=agreed.cpu_main_pct,
-                 cpu_workers_pct=agreed.cpu_workers_pct, worker_mem_bytes=agreed.worker_mem_bytes)
+                 cpu_workers_pct=agreed.cpu_workers_pct, worker_mem_bytes=agreed.worker_mem_bytes,
+                 load_cpu_s=agreed.load_cpu_s, step_cpu_s=agreed.step_cpu_s)
 
 
 def _changes(user: LoaderSettings, settings: LoaderSettings, reason: str | Callable[[str], str]) -> list[Change]:

@@ -1,11 +1,13 @@
 """The capacity model of the loader, fitted to synthetic windows: what it predicts from the before-window alone, and
 after one window with workers, on latency-bound, CPU-bound and memory-bound pipelines."""
 
+import math
+
 import pytest
 
 from pipeopt.tuning import capacity
 from pipeopt.tuning.loader_search import LoaderSettings
-from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND
+from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND, World
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
 
@@ -14,28 +16,39 @@ def workers(n):
     return USER.with_workers(n, persistent=True)
 
 
-def test_the_before_window_gives_the_step_and_the_main_process_loading_rates():
+def test_the_before_window_gives_the_step_the_main_process_loading_rate_and_what_loading_costs():
     model = capacity.fit([LATENCY(USER)], cpus=2)
     assert model.step_rate == pytest.approx(1000.0)
     assert model.loader_rate == pytest.approx(100.0)
     assert model.rate(0) == pytest.approx(LATENCY.rate(0))
-    assert model.cpu_limit is None  # a worker's CPU is not measured yet
-    assert model.best(64) == 4  # 10 would reach the step's rate, but two per CPU until a worker's CPU is measured
-
-
-def test_latency_bound_after_one_window_with_workers():
-    model = capacity.fit([LATENCY(USER), LATENCY(workers(4))], cpus=2)
-    assert model.loader_rate == pytest.approx(100.0)  # 400/s from 4 workers
+    assert (model.load_cpu, model.step_cpu) == (LATENCY.load_cpu, LATENCY.main_cpu)
     assert model.cpu_limit == pytest.approx(2 / 0.0012)
-    assert model.best(64) == LATENCY.best()[0] == 10
-    assert model.rate(10) == pytest.approx(LATENCY.best()[1])
+
+
+def test_latency_bound_the_pick_reaches_the_steps_rate_from_the_before_window_alone():
+    model = capacity.fit([LATENCY(USER)], cpus=2)
+    best_n, best_rate = LATENCY.best()
+    pick = model.best(64)
+    assert model.rate(pick) == pytest.approx(best_rate) == pytest.approx(LATENCY.rate(pick))
+    # the step's rate read from a window that waited is a lower bound: the pick aims HEADROOM above it
+    assert pick == math.ceil((1 - capacity.CLOSE_ENOUGH) * capacity.HEADROOM * best_n)
+
+
+def test_the_training_processs_spinning_threads_do_not_cap_the_workers():
+    trial = LATENCY(workers(4))  # waited 60 %: the process's CPU reads a whole core though the step uses 40 %
+    assert trial.cpu_main_pct == pytest.approx(100.0)  # read as the step's, it would cap the rate at 2 / 2.7 ms
+    model = capacity.fit([LATENCY(USER), trial], cpus=2)
+    assert model.cpu_limit == pytest.approx(2 / 0.0012)
+    assert model.rate(model.best(64)) == pytest.approx(LATENCY.best()[1])
 
 
 def test_cpu_bound_the_cpus_cap_the_rate_whatever_the_count():
-    model = capacity.fit([CPU_BOUND(USER), CPU_BOUND(workers(4))], cpus=2)
+    model = capacity.fit([CPU_BOUND(USER)], cpus=2)  # loading a sample costs 4 ms in the before-window's fetch
     assert model.cpu_limit == pytest.approx(400.0)
     assert model.rate(4) == pytest.approx(CPU_BOUND.best()[1]) == pytest.approx(model.rate(16))
-    assert model.rate(model.best(64)) == pytest.approx(CPU_BOUND.best()[1])
+    pick = model.best(64)
+    assert pick == CPU_BOUND.best()[0] == 2  # no more workers than the CPUs can keep loading
+    assert model.rate(pick) == pytest.approx(CPU_BOUND.best()[1])
 
 
 def test_memory_bound_the_count_the_memory_holds():
@@ -44,11 +57,28 @@ def test_memory_bound_the_count_the_memory_holds():
     assert model.best(64) == 2
 
 
+def test_until_a_worker_is_measured_the_training_processs_private_memory_stands_in_for_it():
+    before = capacity.fit([MEMORY_BOUND(USER)], cpus=2, memory_bytes=5 * GIB, training_mem_bytes=2 * GIB)
+    assert before.most_workers(64) == 2 and before.best(64) == 2
+    measured = capacity.fit([MEMORY_BOUND(USER), MEMORY_BOUND(workers(2))], cpus=2, memory_bytes=5 * GIB,
+                            training_mem_bytes=4 * GIB)  # the measured worker (2 GiB) replaces the stand-in
+    assert measured.most_workers(64) == 2
+
+
 def test_a_window_that_no_longer_waits_keeps_the_loader_rate_it_had():
     fast = LATENCY(workers(16))  # 16 x 100 > 1000: the step's pace, no wait to read a loader's rate from
     model = capacity.fit([LATENCY(USER), fast], cpus=2)
     assert model.loader_rate == pytest.approx(100.0)  # still the main process's figure, the latest supply-bound one
-    assert model.best(64) == 10
+    assert model.rate(model.best(64)) == pytest.approx(LATENCY.best()[1])
+
+
+def test_a_faster_step_seen_with_workers_raises_the_pick():
+    # the before-window's step reads slow (it paid for waiting); a window with workers that still waits shows more
+    slow_read = World(step_rate=600.0, loader_rate=100.0, cpus=2, main_cpu=0.001, load_cpu=0.0002)
+    first = capacity.fit([slow_read(USER)], cpus=2).best(64)
+    refit = capacity.fit([slow_read(USER), LATENCY(workers(first))], cpus=2)
+    assert refit.step_rate == pytest.approx(1000.0)
+    assert refit.best(64) > first
 
 
 def test_nothing_measured_no_model():

@@ -6,13 +6,16 @@ import pytest
 
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
 from pipeopt.tuning.noise import Rate
-from tests.tuning.worlds import GIB, LATENCY, MEMORY_BOUND
+from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
 
 
 def trial(settings, rate, wait, cpu_workers=None, se=0.01):
-    return Trial(settings, Rate(rate, se), data_wait_frac=wait, cpu_main_pct=100.0, cpu_workers_pct=cpu_workers)
+    """A measured window; with workers, what a sample costs them in CPU as the session derives it."""
+    load_cpu = cpu_workers / 100.0 / rate if cpu_workers is not None and settings.num_workers else None
+    return Trial(settings, Rate(rate, se), data_wait_frac=wait, cpu_main_pct=100.0, cpu_workers_pct=cpu_workers,
+                 load_cpu_s=load_cpu)
 
 
 def run(search, world):
@@ -46,47 +49,83 @@ def test_compute_bound_runs_are_left_alone():
     assert search.choice().settings == USER
 
 
-def test_workers_grow_until_the_wait_is_gone_then_the_cheapest_within_noise_wins():
-    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, more_epochs=True))
-    proposed = run(search, storage_world)
-    counts = [p.num_workers for p in proposed]
-    # the before-window waited 90 %: about 9 workers are needed, so growth starts at 4 (two per CPU; beyond, the
-    # CPU a worker takes is measured first) and goes on geometrically past the 2 CPUs (these workers mostly wait)
-    assert counts[:3] == [4, 8, 16]
-    assert all(p.persistent_workers for p in proposed if p.num_workers)
-    chosen = search.choice().settings
-    assert chosen.num_workers == 12  # the refined midpoint reaches the 1000/s cap with fewer workers than 16
-    assert chosen.prefetch_factor == 2
+def test_from_the_before_window_alone_the_models_pick_reaches_the_best_rate_in_one_trial():
+    search = LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True))
+    proposed = run(search, LATENCY)
+    # the before-window says a sample costs 0.2 ms of CPU to load and one loader delivers 100/s: 13 workers reach the
+    # step's 1000/s with headroom (the step read from a window that waited is a lower bound)
+    assert [p.num_workers for p in proposed] == [13]
+    assert all(p.persistent_workers for p in proposed)
+    assert [t.predicted for t in search.trials] == [None, pytest.approx(1000.0)]
+    assert search.choice().rate.value == pytest.approx(LATENCY.best()[1])
+    assert search.fell_back is None and "picks 13 workers again" in search.stop_reason
 
 
-def test_cpu_heavy_workers_stop_at_the_cpu_budget():
-    def cpu_world(settings):
+def test_cpu_bound_loading_stops_where_the_cpus_are_spent():
+    search = LoaderSearch(CPU_BOUND(USER), Budget(cpus=2, more_epochs=True))
+    proposed = run(search, CPU_BOUND)
+    assert [p.num_workers for p in proposed] == [2]  # 4 ms of CPU a sample: 2 CPUs load 400/s, which 2 workers make
+    assert search.choice().rate.value == pytest.approx(CPU_BOUND.best()[1])
+
+
+def test_memory_bound_workers_stay_within_the_memory_they_may_take():
+    search = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
+    proposed = run(search, MEMORY_BOUND)
+    assert [p.num_workers for p in proposed] == [13, 2]  # 2 GiB a worker, measured: the refit stays at 2
+    assert search.choice().settings.num_workers == 2  # 13 was faster, but does not fit
+    stand_in = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, training_mem_bytes=2 * GIB))
+    assert [p.num_workers for p in run(stand_in, MEMORY_BOUND)] == [2]  # the training process's 2 GiB stands in
+
+
+@pytest.mark.parametrize("world", [LATENCY, CPU_BOUND, MEMORY_BOUND], ids=["latency", "cpu", "memory"])
+def test_every_trial_carries_its_prediction_and_few_trials_are_needed(world):
+    search = LoaderSearch(world(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
+    proposed = run(search, world)
+    assert len(proposed) <= 3
+    assert all(t.predicted is not None for t in search.trials[1:])
+    chosen = search.choice()  # the model refitted on every trial predicts what the chosen setting measured
+    assert search.predict(chosen.settings) == pytest.approx(chosen.rate.value, rel=0.05)
+    assert chosen.rate.value == pytest.approx(world.best()[1] if world is not MEMORY_BOUND else world.rate(2))
+
+
+def collapse(settings):
+    """Beyond 4 workers something the model cannot see (thrashing storage) caps the rate at 300/s."""
+    n = settings.num_workers
+    rate = 100.0 * n if n <= 4 else 300.0
+    return trial(settings, rate, 1 - rate / 1000.0, cpu_workers=5.0 * n)
+
+
+def test_a_pipeline_the_model_does_not_describe_falls_back_to_geometric_growth():
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    counts = [p.num_workers for p in run(search, collapse)]
+    # loading's CPU unknown in the before-window: 4 workers (two per CPU); their window says 13 reach the step
+    assert counts[:2] == [4, 13]
+    assert search.fell_back == ("its pick, 13 workers, measured 300.0 samples/s (predicted 1,000.0), slower than "
+                                "4 workers (400.0)")
+    assert counts[2] == 8  # geometric growth from twice the fastest count: not faster, it ends; then the midpoints
+    assert "8 workers were not faster than 4 workers" in search.stop_reason
+    assert search.choice().settings.num_workers == 4
+    assert search.summary()[0].startswith("loader model: its pick, 13 workers")
+
+
+def test_cpu_heavy_workers_are_not_added_when_the_model_predicts_no_gain():
+    def cpu_world(settings):  # 95 % of a CPU per worker: beyond 2 CPUs, more workers only share them
         n = settings.num_workers
         return trial(settings, 100.0 * (1 + n), 0.8, cpu_workers=95.0 * n)
 
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
     proposed = run(search, cpu_world)
-    assert max(p.num_workers for p in proposed) == 4  # two per CPU always fit; 8 x 95 % would not
-    assert "8 workers would need about 760 % CPU" in search.stop_reason
+    assert [p.num_workers for p in proposed] == [4]
+    assert "predicts no gain beyond noise over 4 workers" in search.stop_reason
     assert search.choice().settings.num_workers == 4
 
 
-def test_growth_ends_at_the_first_count_that_does_not_beat_the_best():
-    def plateau(settings):  # the step caps at 900/s; a fetch costs the loop some wait however many workers
-        n = settings.num_workers
-        return trial(settings, min(900.0, 100.0 * max(n, 1)), 0.8 if n < 8 else 0.12, cpu_workers=5.0 * n)
-
+def test_a_failed_pick_is_halved_never_exceeded_and_never_chosen():
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
-    counts = [p.num_workers for p in run(search, plateau)]
-    # 16 beats 8 (+12.5 %); 32 ties 16 twice and ends growth
-    assert counts[:5] == [4, 8, 16, 32, 32]
-    assert 64 not in counts
-    assert "were not faster than" in search.stop_reason
-
-
-def test_a_failed_trial_ends_growth_and_is_never_chosen():
-    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
-    run(search, crashing_from_4)
+    counts = [p.num_workers for p in run(search, crashing_from_4)]
+    assert counts[:2] == [4, 2] and max(counts) == 4 and counts.count(4) == 1
+    assert search.fell_back == ("its pick, 4 workers, failed: "
+                                "RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
     assert "4 workers failed" in search.stop_reason
     assert search.choice().settings.num_workers == 2
 
@@ -118,22 +157,22 @@ def test_record_before_the_next_proposal():
         search.propose()
 
 
-def test_a_count_too_close_to_call_is_measured_again_and_judged_on_both():
+def test_in_the_fallback_a_count_too_close_to_call_is_measured_again_and_judged_on_both():
     seen = {}
 
     def close_then_clear(settings):
         n = settings.num_workers
         seen[n] = seen.get(n, 0) + 1
-        if n == 1:
-            return trial(settings, 104.0 if seen[n] == 1 else 108.0, 0.8)  # +4 %, then +8 %: together +6 %
-        return trial(settings, 100.0, 0.8)
+        if n == 8:
+            return trial(settings, 416.0 if seen[n] == 1 else 432.0, 0.5)  # +4 %, then +8 %: together +6 %
+        return collapse(settings)
 
-    search = LoaderSearch(trial(USER, 100.0, 0.5), Budget(cpus=2))  # half the step waiting: start at 1 worker
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
     proposed = [p.num_workers for p in run(search, close_then_clear)]
-    assert proposed[:2] == [1, 1]
-    one = next(t for t in search.trials if t.settings.num_workers == 1)
-    assert one.repeats == 2 and one.rate.value == pytest.approx(106.0)
-    assert search.choice().settings.num_workers == 1
+    assert proposed[:4] == [4, 13, 8, 8]
+    eight = next(t for t in search.trials if t.settings.num_workers == 8)
+    assert eight.repeats == 2 and eight.rate.value == pytest.approx(424.0)
+    assert search.choice().settings.num_workers == 8
 
 
 def test_one_noisy_trial_does_not_make_clearly_slower_settings_eligible():
@@ -144,23 +183,24 @@ def test_one_noisy_trial_does_not_make_clearly_slower_settings_eligible():
     assert search.choice().settings == two  # 613 beats 519 beyond noise; the noisy 632 beats nothing
 
 
-@pytest.mark.parametrize("wait, first", [(0.3, 1), (0.5, 1), (0.75, 2), (0.8, 4), (0.95, 4)])
-def test_growth_starts_at_the_workers_the_before_window_says_are_needed(wait, first):
+@pytest.mark.parametrize("wait, first", [(0.3, 1), (0.5, 2), (0.75, 4), (0.95, 4)])
+def test_the_first_pick_reaches_the_steps_rate_two_per_cpu_while_loadings_cpu_is_unknown(wait, first):
     search = LoaderSearch(trial(USER, 100.0, wait), Budget(cpus=2))
-    assert search.propose().num_workers == first  # w / (1 - w), rounded down to a power of two, <= 2 per CPU
+    # the step takes 100 / (1 - w) samples/s, the main process loads 100 / w: 1.25 x the step's rate over that
+    assert search.propose().num_workers == first
 
 
-def test_from_the_users_workers_growth_doubles_them():
-    search = LoaderSearch(trial(USER.with_workers(3, persistent=False), 100.0, 0.9, cpu_workers=30.0), Budget(cpus=2))
-    assert search.propose().num_workers == 6
+def test_with_loadings_cpu_measured_the_first_pick_may_exceed_two_per_cpu():
+    before = dataclasses.replace(trial(USER, 100.0, 0.9), load_cpu_s=0.0002, step_cpu_s=0.001)
+    search = LoaderSearch(before, Budget(cpus=2))
+    assert search.propose().num_workers == 11  # 1.25 x 1000/s over 111/s a loader; the CPUs allow 1,667/s
 
 
-def test_a_first_count_that_fails_is_halved_and_never_exceeded():
-    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
-    counts = [p.num_workers for p in run(search, crashing_from_4)]
-    assert counts[:2] == [4, 2] and max(counts) == 4 and counts.count(4) == 1
-    assert "4 workers failed" in search.stop_reason
-    assert search.choice().settings.num_workers == 2
+def test_from_the_users_workers_the_model_extrapolates_their_measured_supply_and_cpu():
+    user = trial(USER.with_workers(3, persistent=False), 100.0, 0.9, cpu_workers=30.0)
+    search = LoaderSearch(user, Budget(cpus=2))
+    # 33/s and 3 ms of CPU a sample each: 2 CPUs load 667/s, and the pick aims 25 % above what it read
+    assert search.propose().num_workers == 25
 
 
 # -- DALI as one more candidate --------------------------------------------------------------------------------
@@ -214,15 +254,14 @@ def test_every_dataloader_proposal_carries_the_models_prediction_for_it():
     run(search, with_dali_on(LATENCY, 500.0))
     by_count = {t.settings.num_workers: t.predicted for t in search.trials if not t.settings.dali}
     assert by_count[0] is None  # the user's settings: measured, not predicted
-    assert by_count[4] == pytest.approx(400.0)  # from the before-window alone: 4 workers x 100/s
-    assert by_count[8] == pytest.approx(800.0)  # refitted on the 4-worker window (100/s a worker, CPU measured)
+    assert by_count[13] == pytest.approx(1000.0)  # from the before-window alone: the step's rate
     assert all(t.predicted is None for t in search.trials if t.settings.dali)  # DALI is not modelled
 
 
 def test_a_measured_setting_whose_workers_exceed_their_memory_is_never_chosen():
     search = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
     run(search, MEMORY_BOUND)
-    assert any(t.settings.num_workers == 4 for t in search.trials)  # tried (its memory unknown until measured)
+    assert any(t.settings.num_workers == 13 for t in search.trials)  # tried (its memory unknown until measured)
     assert search.choice().settings.num_workers <= 2  # 4 x 2 GiB do not fit the 5 GiB workers may take
 
 

@@ -1,5 +1,7 @@
 """The tuning session against a fake switcher and fake ranks: the agreed figures drive every decision."""
 
+import pytest
+
 from pipeopt.tuning.agreement import agree
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
 from pipeopt.tuning.session import Agreed, LoaderSession, TrialWindows
@@ -57,12 +59,12 @@ def test_a_failure_on_another_rank_fails_the_trial_on_every_rank():
         return [max(a, b) for a, b in zip(values, other)]
 
     s, switcher, _ = session(agree)
-    feed(s, 100.0, 0.5)  # before: half the step waiting, so 1 worker first
-    assert switcher.switches[-1].num_workers == 1
+    feed(s, 100.0, 0.5)  # before: half the step waiting; the loader model picks 2 workers
+    assert switcher.switches[-1].num_workers == 2
     other_rank_failed["now"] = True
     feed(s, 300.0, 0.5)  # this rank measured fine; the other rank's workers died
     failed = [t for t in s.search.trials if not t.ok]
-    assert failed and failed[0].settings.num_workers == 1 and "another rank" in failed[0].error
+    assert failed and failed[0].settings.num_workers == 2 and "another rank" in failed[0].error
 
 
 def test_the_slowest_rank_and_the_largest_wait_decide():
@@ -86,9 +88,9 @@ def test_any_rank_over_budget_ends_the_search_on_all():
     s, switcher, _ = session(budget_s=10.0, clock=lambda: t["now"])
     feed(s, 100.0, 0.5)
     t["now"] = 11.0
-    feed(s, 150.0, 0.3)  # 1 worker: faster, but the budget is spent
+    feed(s, 150.0, 0.3)  # the model's 2 workers: faster, but the budget is spent
     assert any("budget (10 s) ran out" in n for n in s.notes)
-    assert s.state == "after" and s.chosen.settings.num_workers == 1
+    assert s.state == "after" and s.chosen.settings.num_workers == 2
 
 
 def test_an_after_window_that_is_not_faster_reverts_to_the_users_loader():
@@ -142,11 +144,11 @@ def test_no_trial_starts_that_the_fit_cannot_finish():
     switcher = FakeSwitcher()
     s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=60.0, windows=TrialWindows(lambda *args: None),
                       clock=lambda: 0.0, steps_left=lambda: left["steps"])
-    feed(s, 100.0, 0.5)  # before: 1 worker predicted; 1000 steps left: room for it
-    assert switcher.switches[-1].num_workers == 1
+    feed(s, 100.0, 0.5)  # before: the model picks 2 workers; 1000 steps left: room for them
+    assert switcher.switches[-1].num_workers == 2
     left["steps"] = 30  # a trial window (20) and an after-window (20) no longer fit
     feed(s, 150.0, 0.3)
-    assert switcher.switches[-1].num_workers == 1  # no new trial: the measured worker is chosen and verified
+    assert switcher.switches[-1].num_workers == 2  # no new trial: the measured workers are chosen and verified
     assert s.state == "after"
     assert any("the fit has 30 optimizer steps left: too few for another trial" in n for n in s.notes)
 
@@ -162,3 +164,44 @@ def test_a_warm_sample_store_ends_the_worker_search_so_the_cache_is_tried_next()
     assert switcher.switches[-1] == first  # no further trial: the faster setting is chosen and measured after
     assert s.state == "after" and s.chosen.settings == first
     assert any("the sample cache's store holds an epoch" in n for n in s.notes)
+
+
+def test_what_a_sample_costs_is_read_where_it_is_made_not_from_the_spinning_process():
+    from pipeopt.measure.resources import ResourceFigures
+    from pipeopt.tuning.session import cpu_per_sample
+
+    # 10 steps of 32 samples; the training thread spent 40 ms a step inside the fetch, the process 20 ms a step
+    # outside it; over the window the process read 190 % (its intra-op threads spinning while it waited)
+    spinning = ResourceFigures(cpu_main_pct=190.0, cpu_workers_pct=160.0, workers=4)
+    stats = window(320.0, 0.4)
+    stats = type(stats)(**{**stats.__dict__, "step_cpu_s": 0.02, "fetch_cpu_s": 0.04, "resources": spinning})
+    load, step = cpu_per_sample(stats, USER)  # no workers: the training thread loaded inside the fetch
+    assert (load, step) == pytest.approx((0.04 / 32, 0.02 / 32))
+    load, step = cpu_per_sample(stats, USER.with_workers(4, persistent=True))  # the workers loaded
+    assert (load, step) == pytest.approx((1.6 / 320.0, 0.02 / 32))
+    assert cpu_per_sample(stats, LoaderSettings.dali_on("cpu")) == (None, None)  # DALI's CPU is not modelled
+
+
+def test_a_trial_window_lasts_window_s_at_the_pace_the_model_predicts_for_it():
+    shapes = []
+    windows = TrialWindows(lambda label, skip, length, blocks: shapes.append(length), window=20, min_window_s=1.0)
+    windows.last_step_s, windows.last_rate = 0.1, 80.0  # the before-window: 10 steps a second
+    six = USER.with_workers(6, persistent=True)
+    windows.measure("trial", 0, six)  # nothing predicted: the last window's pace
+    for predicted in (480.0, 40.0):  # 6x as fast: 60 steps a second; a slower prediction never shortens it
+        windows.predicted = {six: predicted}.get
+        windows.measure("trial", 0, six)
+    assert shapes == [20, 60, 20]
+    windows.predicted = {six: 480.0}.get
+    assert windows.trial_steps(USER, six) == 1 + 13 + 2 * 60
+
+
+def test_the_session_sizes_a_trial_by_the_models_prediction():
+    shapes = []
+    s = LoaderSession(FakeSwitcher(), budget=Budget(cpus=2), budget_s=60.0, clock=lambda: 0.0,
+                      windows=TrialWindows(lambda label, skip, length, blocks: shapes.append((label, length)),
+                                           window=20, min_window_s=3.0))
+    feed(s, 100.0, 0.5)  # steps of 100 ms: 3 s would be 30 of them; the model predicts 2 workers at 200/s
+    label, length = shapes[-1]
+    assert label.startswith("trial: num_workers=2") and s.search.predictions[s._trial] == 200.0
+    assert length == 60  # 3 s at the predicted pace, twice the before-window's

@@ -1,6 +1,8 @@
 """Synthetic input pipelines that behave like real ones: a step that consumes samples at a fixed input-free rate,
-loaders that deliver at a fixed rate each, and CPU-seconds per sample for the training process and for loading that
-stay what they are whatever the rate (so the CPU use a window reports is the rate times them)."""
+loaders that deliver at a fixed rate each, and CPU-seconds per sample for the training thread and for loading that
+stay what they are whatever the rate (so the CPU use a window reports is the rate times them). As on a real CPU
+machine, the training process's CPU also counts its intra-op threads spinning while the loop waits for data
+(``SPIN_PCT`` of a core for the whole wait): busy-looking time that is no load."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from pipeopt.tuning.loader_search import LoaderSettings, Trial
 from pipeopt.tuning.noise import Rate
 
 GIB = 1024**3
+#: CPU (100 = a core) the training process's idle intra-op threads burn while the loop waits for data.
+SPIN_PCT = 100.0
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,9 @@ class World:
             main, workers = rate * (self.main_cpu + self.load_cpu), 0.0
         else:
             main, workers = rate * self.main_cpu, rate * self.load_cpu
-        return Trial(settings, Rate(rate, 0.01), data_wait_frac=wait, cpu_main_pct=100 * main,
-                     cpu_workers_pct=100 * workers, worker_mem_bytes=self.worker_mem if n else None)
+        return Trial(settings, Rate(rate, 0.01), data_wait_frac=wait, cpu_main_pct=100 * main + SPIN_PCT * wait,
+                     cpu_workers_pct=100 * workers, worker_mem_bytes=self.worker_mem if n else None,
+                     load_cpu_s=self.load_cpu, step_cpu_s=self.main_cpu)
 
 
 #: Storage latency: each loader waits on slow storage (100 samples/s, little CPU); the step takes 1000/s.
