@@ -16,17 +16,23 @@ from pipeopt import PipeOpt
 
 
 class Stopwatch(pl.Callback):
-    """Timestamps at every batch end; nothing else (the oracle runs must not pay for pipeopt's measuring)."""
+    """Timestamps at every batch end, with the optimizer steps done by then; nothing else (the oracle runs must not
+    pay for pipeopt's measuring)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.steps: list[int] = []
 
-    def on_train_batch_end(self, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         self.times.append(time.perf_counter())
+        self.steps.append(trainer.global_step)
 
     def steady_rate(self, warmup: int) -> float:
-        ts = self.times[warmup:]
-        return (len(ts) - 1) / (ts[-1] - ts[0])
+        """Optimizer steps per second from the batch that ended optimizer step ``warmup`` on (with gradient
+        accumulation, optimizer steps are not batches)."""
+        first = next(i for i, step in enumerate(self.steps) if step > warmup)
+        last = self.steps.index(self.steps[-1])  # the batch that ended the last optimizer step
+        return (self.steps[last] - self.steps[first]) / (self.times[last] - self.times[first])
 
 
 def quiet_pipeopt(**kwargs: Any) -> PipeOpt:
@@ -45,10 +51,14 @@ def run_fit(
     steady_from: float | None = None,
     loader: Any = None,
     batch_ends: list[float] | None = None,
+    trainer_kwargs: dict[str, Any] | None = None,
+    samples_per_step: int | None = None,
 ) -> dict[str, float]:
-    """Fit ``scenario`` with loader ``settings`` (or a ready ``loader``); steady throughput is measured from step
+    """Fit ``scenario`` with loader ``settings`` (or a ready ``loader``, whose optimizer steps take
+    ``samples_per_step``, by default the scenario's batch); steady throughput is measured from optimizer step
     ``warmup`` (or from the fraction ``steady_from`` of the run, to measure only after a tuner has finished).
-    ``batch_ends``, when given, receives each batch's end in seconds from the fit's start."""
+    ``batch_ends``, when given, receives each optimizer step's end in seconds from the fit's start;
+    ``trainer_kwargs`` go to the Trainer (a precision, an accumulation)."""
     pl.seed_everything(0, verbose=False)
     watch = Stopwatch()
     trainer = pl.Trainer(
@@ -60,15 +70,17 @@ def run_fit(
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        **(trainer_kwargs or {}),
     )
     start = time.perf_counter()
     trainer.fit(scenario.make_model(), loader if loader is not None else scenario.loader(dataset, **settings))
     wall = time.perf_counter() - start
-    if batch_ends is not None:
-        batch_ends.extend(t - start for t in watch.times)
+    if batch_ends is not None:  # one end per optimizer step
+        batch_ends.extend(t - start for t, step, after in zip(watch.times, watch.steps, [*watch.steps[1:], None])
+                          if after != step)
     total = steps or scenario.steps
     rate = watch.steady_rate(int(steady_from * total) if steady_from is not None else scenario.warmup)
-    return {"steps_per_s": rate, "samples_per_s": rate * scenario.batch_size, "wall_s": wall}
+    return {"steps_per_s": rate, "samples_per_s": rate * (samples_per_step or scenario.batch_size), "wall_s": wall}
 
 
 def median(values: Sequence[float]) -> float:
