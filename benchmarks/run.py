@@ -221,11 +221,14 @@ def predict_verify_rows(r: dict[str, Any]) -> list[str]:
         rows.append(f"| {sc['scenario']} | {_mmm([x['trials_until_kept'] for x in runs])} | "
                     f"{_mmm(after, '{:.1f} s')} | {_mmm([x['tuned_over_oracle'] for x in runs], '{:.2f}')} | "
                     f"{speedups} | {'; '.join(label(x['kept']) or 'no change' for x in runs)} |")
-    rows += ["", f"Predict, then verify: `{r['command']}`. Each repeat is a run from `num_workers=0` under "
-             "`PipeOpt(tune=(\"loader\",))` beside a run of the same length with the oracle grid's best setting, "
-             "interleaved; trials exclude the before-window; the after-window's start is wall time from the fit's "
-             "start; pipeopt / oracle is steady throughput over each run's last quarter; the error is |predicted - "
-             "measured| / measured of the kept change's speedup."]
+    rows += ["", f"Predict, then verify: `{r['command']}`. Each repeat is a run under `PipeOpt(tune=...)` beside a "
+             "run of the same length with the best setting, interleaved: for the loader scenarios `tune=(\"loader\",)` "
+             "from `num_workers=0` against the oracle grid's best setting; `precision`: the compute-bound MLP in fp32 "
+             "under `tune=(\"precision\",)` against the same run in `bf16-mixed`; `batch_fold`: that MLP in "
+             "micro-batches of 64 accumulated 4 times under `tune=(\"batch\",)` against batches of 256. Trials exclude "
+             "the before-window; the after-window's start is wall time from the fit's start; pipeopt / oracle is "
+             "steady throughput over each run's last quarter; the error is |predicted - measured| / measured of the "
+             "kept change's speedup (its trial over the window before, against its after-window over the same)."]
     return rows
 
 
