@@ -11,7 +11,6 @@ import torch
 from torch.utils.data import DataLoader
 
 import pipeopt.apply.batch as batch_apply
-from pipeopt.tuning import loader_search
 from pipeopt.tuning.batch import BatchPlan
 from tests.helpers import (
     Regressor,
@@ -96,12 +95,11 @@ def test_a_fold_whose_after_window_is_not_faster_goes_back_to_the_users_plan(mon
     _same_training(model, plain)
 
 
-def test_a_plan_tried_mid_epoch_with_the_loader_tuned_first_keeps_the_order(monkeypatch):
+def test_a_plan_tried_mid_epoch_with_the_loader_tuned_first_keeps_the_order(monkeypatch, room_for_a_trial):
     plain, _ = _fit([], n=512, delay_s=0.002, epochs=5)
     monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
-    # room for a loader trial in this 80-step fit whatever the machine's pace: windows of `window` steps, and no more
-    # workers than 4 (a trial then needs 1 + 9 + 2 x 20 of the 55 steps left after the before-window)
-    monkeypatch.setattr(loader_search, "MAX_WORKERS", 4)
+    # room for a loader trial in this 80-step fit whatever the machine's pace: windows of `window` steps and at most
+    # 4 workers (room_for_a_trial): a trial then needs 1 + 9 + 2 x 20 of the 55 steps left after the before-window
     counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch", "loader"), budget_s=0.5, window_s=0)
     model, trainer = _fit([counter, callback], n=512, delay_s=0.002, epochs=5)
     labels = [w.label for w in callback.windows]

@@ -13,7 +13,6 @@ import pytorch_lightning as pl
 from torch.utils.data import DataLoader, get_worker_info
 
 from pipeopt.measure.tap import ProfilerTap
-from pipeopt.tuning import loader_search
 from tests.helpers import Regressor, SleepyDataset, quiet_pipeopt, quiet_trainer_kwargs
 
 tuner = quiet_pipeopt
@@ -72,7 +71,7 @@ class MissingSample(SleepyDataset):
     ("dataset_cls", "error"),
     [(HangsWithTwoWorkers, "timed out"), (SharedMemoryFullWithTwoWorkers, "No space left on device")],
 )
-def test_a_hanging_or_shm_starved_candidate_is_discarded(no_leaks, dataset_cls, error):
+def test_a_hanging_or_shm_starved_candidate_is_discarded(no_leaks, room_for_a_trial, dataset_cls, error):
     data = dataset_cls(n=1024, delay_s=0.003)
     plain, _ = fit([], SleepyDataset(n=1024, delay_s=0.003))
     callback = tuner(budget_s=30)
@@ -93,9 +92,7 @@ def test_the_users_dataset_error_surfaces_unchanged(no_leaks):
         fit([callback], MissingSample(n=256, delay_s=0.003))
 
 
-def test_keyboard_interrupt_during_tuning_stops_cleanly(no_leaks, monkeypatch):
-    # at most 4 workers: a trial and its after-window (1 + 9 + 2 x 9 steps) fit this 64-step fit whatever the pick
-    monkeypatch.setattr(loader_search, "MAX_WORKERS", 4)
+def test_keyboard_interrupt_during_tuning_stops_cleanly(no_leaks, room_for_a_trial):
     interrupted_in = []
 
     class Interrupted(Regressor):

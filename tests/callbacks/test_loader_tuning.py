@@ -39,7 +39,7 @@ class CrashingWorkers(SleepyDataset):
         return super().__getitem__(i)
 
 
-def test_order_is_identical_and_a_switch_happened_mid_epoch():
+def test_order_is_identical_and_a_switch_happened_mid_epoch(room_for_a_trial):
     data = SleepyDataset(n=512, delay_s=0.002)
     plain, _ = fit([], data)
     callback = tuner()
@@ -51,7 +51,7 @@ def test_order_is_identical_and_a_switch_happened_mid_epoch():
     assert psutil.Process().children() == []
 
 
-def test_final_weights_are_bit_identical_with_dropout_and_batchnorm():
+def test_final_weights_are_bit_identical_with_dropout_and_batchnorm(room_for_a_trial):
     data = SleepyDataset(n=192, delay_s=0.001)
     model_kwargs = dict(hidden=32, dropout=0.5, batchnorm=True)
     plain, _ = fit([], data, epochs=3, model_kwargs=model_kwargs)
