@@ -279,6 +279,7 @@ class LoaderSearch:
                                     f"{_workers(best.settings.num_workers)} ({_workers(n)}: {predicted:,.1f} "
                                     f"samples/s against {measured(best.rate).value:,.1f} measured)")
                 return
+            self.predictions[candidate] = predicted  # computed here: propose() need not refit the model for it
             yield candidate
             trial = self.trials[-1]
             if not trial.ok:
