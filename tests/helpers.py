@@ -88,6 +88,15 @@ def controlled_rates(monkeypatch: Any, rate_of: Any) -> None:
     monkeypatch.setattr(noise, "window_rate", lambda stats, in_place: noise.Rate(float(rate_of(in_place)), 0.01))
 
 
+def controlled_wait(monkeypatch: Any, wait_frac: float) -> None:
+    """Fix the data-wait fraction every window the searches judge reads (the seam:
+    ``pipeopt.tuning.noise.window_wait``), so that whether a real fit counts as compute-bound does not depend on how
+    busy the machine is; the fit and its report's windows stay as measured."""
+    from pipeopt.tuning import noise
+
+    monkeypatch.setattr(noise, "window_wait", lambda stats, in_place: wait_frac)
+
+
 def quiet_trainer_kwargs(**overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         accelerator="cpu",

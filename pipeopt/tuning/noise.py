@@ -37,6 +37,13 @@ def window_rate(stats: WindowStats, in_place: object) -> Rate:
     return Rate.of(stats)
 
 
+def window_wait(stats: WindowStats, in_place: object) -> float:
+    """The share of each step the loop waited for data in a window measured while ``in_place`` was tried: what
+    judges a run compute-bound. The seam beside ``window_rate``: tests replace it to fix that judgement, however
+    busy the machine is."""
+    return stats.data_wait_frac
+
+
 def measured(rate: Rate | None) -> Rate:
     """The rate of a window that did not fail (a failed one has none: asking for it is a bug)."""
     if rate is None:

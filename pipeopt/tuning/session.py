@@ -63,9 +63,9 @@ class Agreed:
     def of(cls, stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
            over_budget: bool, store_cold: bool = True) -> Agreed:
         """This rank's figures for a window measured under ``settings``."""
-        rate, res = noise.window_rate(stats, settings), stats.resources
+        rate, wait, res = noise.window_rate(stats, settings), noise.window_wait(stats, settings), stats.resources
         load_cpu, step_cpu = cpu_per_sample(stats, settings)
-        return cls(rate.value, rate.rel_se, stats.step_time_s, stats.data_wait_frac, stats.transfer_frac,
+        return cls(rate.value, rate.rel_se, stats.step_time_s, wait, stats.transfer_frac,
                    res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold, load_cpu, step_cpu)
 
     @property
