@@ -2,15 +2,17 @@
 run gets to the best setting, and how far the kept change's prediction is from what the run then did.
 
     python -m benchmarks.predict_verify [--repeats 3] [--steps 1500] [--scenarios storage_latency cpu_decode ...]
+    .venv-vision/bin/python -m benchmarks.predict_verify --scenarios dali    (torchvision and DALI: .venv-vision)
 
 For each plan (``PLANS``), in one invocation: a run from the user's setting under ``PipeOpt(tune=...)`` beside a
 run of the same length with the best setting - for a loader plan the oracle grid's (``benchmarks/results/
 <scenario>.json``), for precision the run in ``bf16-mixed``, for a batch plan the effective batch as one
-micro-batch - interleaved in pairs whose order alternates. Per tuned run: live trials until the kept setting, wall
+micro-batch, for the DALI plan DALI's CPU pipeline made from the same loader (``dali_decode``'s best arm) -
+interleaved in pairs whose order alternates. Per tuned run: live trials until the kept setting, wall
 time from the fit's start to the start of its after-window, steady throughput over the run's last quarter over its
 paired oracle run's, and ``|predicted - measured| / measured`` of the kept change's speedup. Every repeat is kept.
-Writes ``benchmarks/results/predict_verify.json`` (and a copy in ``results/history/``) and regenerates the results
-tables.
+Writes ``benchmarks/results/predict_verify.json`` (merged per plan, so the two venvs' runs sit side by side; a
+copy of this invocation's in ``results/history/``) and regenerates the results tables.
 """
 
 from __future__ import annotations
@@ -52,7 +54,26 @@ PLANS = {
     # the same MLP in micro-batches of 64 accumulated 4 times, against its 256-sample effective batch in one
     "batch_fold": Plan("compute_bound", ("batch",), steps=400, batch_size=64,
                        trainer={"accumulate_grad_batches": 4}, oracle_loader={"num_workers": 0}),
+    # dali_decode's ImageFolder from the naive loader with DALI allowed, against DALI's CPU pipeline (its best arm)
+    "dali": Plan("dali_cpu_decode", ("loader", "dali"), oracle_loader={"dali": "cpu"}),
 }
+
+
+def scenario_of(plan: Plan) -> Any:
+    if plan.scenario == "dali_cpu_decode":
+        from benchmarks import dali_decode
+
+        return dali_decode.SCENARIO
+    return SCENARIOS[plan.scenario]
+
+
+def oracle_loader(s: Any, dataset: Any, settings: dict[str, Any]) -> Any:
+    """The oracle's loader: None for a DataLoader setting (``run_fit`` makes it), DALI's made from the scenario's."""
+    if not settings.get("dali"):
+        return None
+    from pipeopt.dali import loader_from
+
+    return loader_from(s.loader(dataset), device=settings["dali"])
 
 
 #: Labels of the windows that try a setting of a group other than the loader (whose trials are the report's rows).
@@ -101,7 +122,7 @@ def tuned_figures(report: Any, batch_ends: list[float], tuned: dict[str, float],
 
 def scenario_figures(name: str, repeats: int, steps: int) -> dict[str, Any]:
     plan = PLANS[name]
-    s = SCENARIOS[plan.scenario]
+    s = scenario_of(plan)
     steps = plan.steps or steps
     best = (plan.oracle_loader if plan.oracle_loader is not None
             else json.loads((RESULTS / f"{plan.scenario}.json").read_text())["oracle_best"]["settings"])
@@ -122,7 +143,7 @@ def scenario_figures(name: str, repeats: int, steps: int) -> dict[str, Any]:
                 pair["report"], pair["ends"] = callback.report, ends
             else:
                 pair["oracle"] = run_fit(s, dataset, best, steps=steps, steady_from=STEADY_FROM,
-                                         trainer_kwargs=plan.oracle_trainer)
+                                         loader=oracle_loader(s, dataset, best), trainer_kwargs=plan.oracle_trainer)
         runs.append(tuned_figures(pair["report"], pair["ends"], pair["tuned"], pair["oracle"], s.batch_size))
 
     def med(key: str) -> float | None:
@@ -136,6 +157,18 @@ def scenario_figures(name: str, repeats: int, steps: int) -> dict[str, Any]:
             "median_after_window_starts_at_s": med("after_window_starts_at_s"),
             "median_tuned_over_oracle": med("tuned_over_oracle"), "median_prediction_error": med("prediction_error"),
             "runs": runs}
+
+
+def merged(path: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with the plans an earlier invocation measured and this one did not (each keeps its command)."""
+    if not path.exists():
+        return result
+    earlier = json.loads(path.read_text())
+    ran = {sc["scenario"] for sc in result["scenarios"]}
+    kept = [{**sc, "command": sc.get("command", earlier.get("command"))} for sc in earlier.get("scenarios", [])
+            if sc["scenario"] not in ran]
+    now = [{**sc, "command": result["command"]} for sc in result["scenarios"]]
+    return {**result, "scenarios": kept + now}
 
 
 def main() -> int:
@@ -152,8 +185,8 @@ def main() -> int:
               "machine": machine(), "scenarios": [scenario_figures(n, args.repeats, args.steps)
                                                   for n in args.scenarios]}
     path = RESULTS / "predict_verify.json"
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     keep_in_history(result)
+    path.write_text(json.dumps(merged(path, result), indent=2, default=str) + "\n")
     write_markdown()
     for sc in result["scenarios"]:
         print(json.dumps({k: v for k, v in sc.items() if k != "runs"}, default=str))

@@ -207,28 +207,30 @@ def _history_rows() -> list[str]:
 
 
 def predict_verify_rows(r: dict[str, Any]) -> list[str]:
-    """The predict-then-verify table (``benchmarks.predict_verify``): one row per scenario, every repeat in it."""
-    rows = ["", "| predict, then verify (`benchmarks.predict_verify`) | live trials until kept | after-window starts "
-            "at | pipeopt / oracle (runs of {steps} steps) | kept change: predicted vs measured speedup, error | "
-            "pipeopt kept |".format(steps=r["scenarios"][0]["steps_per_run"] if r["scenarios"] else "-"),
-            "|---|---:|---:|---:|---|---|"]
+    """The predict-then-verify table (``benchmarks.predict_verify``): one row per plan, every repeat in it."""
+    rows = ["", "| predict, then verify (`benchmarks.predict_verify`) | steps a run | live trials until kept | "
+            "after-window starts at | pipeopt / oracle | kept change: predicted vs measured speedup, error | "
+            "pipeopt kept |", "|---|---:|---:|---:|---:|---|---|"]
     for sc in r["scenarios"]:
         runs = sc["runs"]
         speedups = "; ".join("-" if x["predicted_speedup"] is None or x["measured_speedup"] is None else
                              f"{x['predicted_speedup']:.2f}x vs {x['measured_speedup']:.2f}x "
                              f"({x['prediction_error']:.0%})" for x in runs)
         after = [x["after_window_starts_at_s"] for x in runs if x["after_window_starts_at_s"] is not None]
-        rows.append(f"| {sc['scenario']} | {_mmm([x['trials_until_kept'] for x in runs])} | "
+        rows.append(f"| {sc['scenario']} | {sc['steps_per_run']} | {_mmm([x['trials_until_kept'] for x in runs])} | "
                     f"{_mmm(after, '{:.1f} s')} | {_mmm([x['tuned_over_oracle'] for x in runs], '{:.2f}')} | "
                     f"{speedups} | {'; '.join(label(x['kept']) or 'no change' for x in runs)} |")
-    rows += ["", f"Predict, then verify: `{r['command']}`. Each repeat is a run under `PipeOpt(tune=...)` beside a "
-             "run of the same length with the best setting, interleaved: for the loader scenarios `tune=(\"loader\",)` "
-             "from `num_workers=0` against the oracle grid's best setting; `precision`: the compute-bound MLP in fp32 "
-             "under `tune=(\"precision\",)` against the same run in `bf16-mixed`; `batch_fold`: that MLP in "
-             "micro-batches of 64 accumulated 4 times under `tune=(\"batch\",)` against batches of 256. Trials exclude "
-             "the before-window; the after-window's start is wall time from the fit's start; pipeopt / oracle is "
-             "steady throughput over each run's last quarter; the error is |predicted - measured| / measured of the "
-             "kept change's speedup (its trial over the window before, against its after-window over the same)."]
+    commands = dict.fromkeys(sc.get("command", r["command"]) for sc in r["scenarios"])
+    rows += ["", f"Predict, then verify: {', '.join(f'`{c}`' for c in commands)}. Each repeat is a run under "
+             "`PipeOpt(tune=...)` beside a run of the same length with the best setting, interleaved: for the loader "
+             "scenarios `tune=(\"loader\",)` from `num_workers=0` against the oracle grid's best setting; `dali`: "
+             "the ImageFolder of `dali_cpu_decode` under `tune=(\"loader\", \"dali\")` from `num_workers=0` against "
+             "DALI's CPU pipeline; `precision`: the compute-bound MLP in fp32 under `tune=(\"precision\",)` against "
+             "the same run in `bf16-mixed`; `batch_fold`: that MLP in micro-batches of 64 accumulated 4 times under "
+             "`tune=(\"batch\",)` against batches of 256. Trials exclude the before-window; the after-window's start "
+             "is wall time from the fit's start; pipeopt / oracle is steady throughput over each run's last quarter; "
+             "the error is |predicted - measured| / measured of the kept change's speedup (its trial over the window "
+             "before, against its after-window over the same)."]
     return rows
 
 

@@ -30,7 +30,7 @@ The search (a plan, fed one measured trial at a time):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,19 +135,45 @@ class Budget:
     training_mem_bytes: int | None = None  # the training process's private memory: a worker's, until one is measured
 
 
-class LoaderSearch:
-    """A plan of candidates. ``propose()`` gives the next (None when done); ``record()`` feeds its measurement."""
+def over_budget(n: int, trials: list[Trial], budget: Budget) -> tuple[bool, str | None]:
+    """Whether ``n`` workers exceed the budget, and why (None: a cap or an unmeasured cost, no finding). Up to two
+    workers per CPU always fit (the trial measures whether they pay); beyond, the measured CPU per worker times the
+    count must fit the rank's CPUs, and their measured memory the memory available."""
+    if n > MAX_WORKERS:
+        return True, None
+    if n <= 2 * budget.cpus:
+        return False, None
+    with_cpu = [t for t in trials if t.ok and t.settings.num_workers > 0 and t.cpu_workers_pct is not None]
+    if not with_cpu:
+        return True, None
+    last = with_cpu[-1]
+    per_worker = max((last.cpu_workers_pct or 0.0) / last.settings.num_workers, 0.1)
+    if n * per_worker > 100.0 * budget.cpus:
+        return True, (f"{n} workers would need about {n * per_worker:.0f} % CPU (measured {per_worker:.0f} % per "
+                      f"worker); this rank may use {budget.cpus} CPUs")
+    mem = last.worker_mem_bytes
+    if mem and budget.memory_bytes is not None and n * mem > budget.memory_bytes:
+        return True, f"{n} workers would need {n * mem / 2**30:.1f} GiB of memory"
+    return False, None
 
-    def __init__(self, baseline: Trial, budget: Budget, *, floor: float = DEFAULT_FLOOR) -> None:
+
+class LoaderSearch:
+    """A plan of candidates. ``propose()`` gives the next (None when done); ``record()`` feeds its measurement.
+    ``room(settings)``: whether the fit has room for a trial of ``settings`` and its after-window (the session's
+    judgement; the model's pick is capped to the most workers that have)."""
+
+    def __init__(self, baseline: Trial, budget: Budget, *, floor: float = DEFAULT_FLOOR,
+                 room: Callable[[LoaderSettings], bool] = lambda settings: True) -> None:
         if baseline.rate is None:
             raise ValueError("the baseline must be a measured trial")
-        self.baseline = baseline
+        self.baseline, self.room = baseline, room
         self.budget = budget
         self.floor = floor
         self.trials: list[Trial] = [baseline]
         self.stop_reason: str | None = None
         self.predictions: dict[LoaderSettings, float] = {}  # what the model predicted for each proposal
         self.fell_back: str | None = None  # why the search left the model for geometric growth (None: it did not)
+        self.capped: str | None = None  # why a pick is fewer workers than the model's best (the fit's length)
         self._plan = self._steps()
         self._waiting = False
 
@@ -205,6 +231,7 @@ class LoaderSearch:
     def summary(self) -> list[str]:
         """How the search went, as report notes: where it left the model, why it stopped."""
         notes = [f"loader model: {self.fell_back}; searched geometrically from there"] if self.fell_back else []
+        notes += [self.capped] if self.capped else []
         return notes + ([f"loader search stopped: {self.stop_reason}"] if self.stop_reason else [])
 
     def _within_memory(self, trial: Trial) -> bool:
@@ -233,26 +260,17 @@ class LoaderSearch:
         return self.budget.more_epochs or self.baseline.settings.persistent_workers
 
     def _fits(self, n: int) -> bool:
-        """Up to two workers per CPU always fit (the trial measures whether they pay); beyond, the measured CPU per
-        worker times the count must fit the rank's CPUs."""
-        if n > MAX_WORKERS:
-            return False
-        if n <= 2 * self.budget.cpus:
-            return True
-        with_cpu = [t for t in self.trials if t.ok and t.settings.num_workers > 0 and t.cpu_workers_pct is not None]
-        if not with_cpu:
-            return False
-        last = with_cpu[-1]
-        per_worker = max((last.cpu_workers_pct or 0.0) / last.settings.num_workers, 0.1)
-        if n * per_worker > 100.0 * self.budget.cpus:
-            self.stop_reason = (f"{n} workers would need about {n * per_worker:.0f} % CPU (measured {per_worker:.0f} % "
-                                f"per worker); this rank may use {self.budget.cpus} CPUs")
-            return False
-        mem = last.worker_mem_bytes
-        if mem and self.budget.memory_bytes is not None and n * mem > self.budget.memory_bytes:
-            self.stop_reason = f"{n} workers would need {n * mem / 2**30:.1f} GiB of memory"
-            return False
-        return True
+        over, why = over_budget(n, self.trials, self.budget)
+        self.stop_reason = why or self.stop_reason
+        return not over
+
+    def _with_room(self) -> int:
+        """The most workers whose trial and after-window the fit has room for (``room``); no cap when even one
+        worker's has not (the session then says the fit is too short for a trial)."""
+        for n in range(MAX_WORKERS, 0, -1):
+            if self.room(self.baseline.settings.with_workers(n, persistent=self._persistent())):
+                return n
+        return MAX_WORKERS
 
     def _model(self) -> capacity.Capacity:
         model = capacity.fit(self.trials, cpus=self.budget.cpus, memory_bytes=self.budget.memory_bytes,
@@ -266,8 +284,10 @@ class LoaderSearch:
         noise over the fastest setting measured, ``MODEL_TRIALS`` trials at most. A pick that fails, or measures
         slower than the fastest so far beyond noise, hands the search to geometric growth (``_fallback``)."""
         for attempt in range(MODEL_TRIALS):
-            model = self._model()
-            n = model.best(MAX_WORKERS)
+            model, room = self._model(), self._with_room()
+            n = model.best(room)
+            if room < MAX_WORKERS and n == room < model.best(MAX_WORKERS):
+                self.capped = f"loader model: its pick capped at {_workers(n)}, the most the fit has room to try"
             candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
             predicted, best = model.rate(n), self.best_dataloader()
             if self._tried(candidate) is not None:

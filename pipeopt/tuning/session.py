@@ -206,8 +206,7 @@ class LoaderSession:
         self._after_rates: list[Rate] = []
         self.before_rate: Rate | None = None  # the agreed rate of the before-window
         self._failure: BaseException | None = None
-        # The settings this session last put in place - the same on every rank, unlike the switcher's current
-        # settings on a rank whose trial failed - so every rank skips and measures the same steps.
+        # What this session put in place, the same on every rank (the switcher's differs where a trial failed)
         self._applied: LoaderSettings = switcher.user_settings
         self.before: WindowStats | None = None
         self.after: WindowStats | None = None
@@ -247,7 +246,8 @@ class LoaderSession:
     def _on_before(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.before, self.before_rate = stats, agreed.rate
         baseline = _trial_of(self._switcher.user_settings, agreed)
-        self.search = LoaderSearch(baseline, self._budget, floor=self._floor)
+        self.search = LoaderSearch(baseline, self._budget, floor=self._floor,
+                                   room=lambda s: _no_room(s, self._applied, self._windows, self._steps_left()) is None)
         self._windows.predicted = self.search.predictions.get  # trials are sized at their predicted pace
         self._started = self._clock()
         self._next_trial()
