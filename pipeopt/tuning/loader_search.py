@@ -193,20 +193,16 @@ class LoaderSearch:
 
     def record(self, trial: Trial) -> None:
         """Add a measured trial (with the prediction made for it); a repeat of the last trial's settings is pooled
-        with it."""
+        with it, and so is a second window of the user's settings with the baseline."""
         self._waiting = False
         trial = dataclasses.replace(trial, predicted=self.predictions.get(trial.settings))
         last = self.trials[-1]
-        if len(self.trials) > 1 and last.settings == trial.settings and last.ok and trial.ok:
-            self.trials[-1] = dataclasses.replace(
-                trial,
-                rate=combine(measured(last.rate), measured(trial.rate)),
-                data_wait_frac=_mean(last.data_wait_frac, trial.data_wait_frac),
-                transfer_frac=_mean(last.transfer_frac, trial.transfer_frac),
-                repeats=last.repeats + 1,
-            )
-            return
-        self.trials.append(trial)
+        if len(self.trials) > 1 and trial.settings == self.baseline.settings and trial.ok:
+            self.trials[0] = self.baseline = _pooled(self.baseline, trial)
+        elif len(self.trials) > 1 and last.settings == trial.settings and last.ok and trial.ok:
+            self.trials[-1] = _pooled(last, trial)
+        else:
+            self.trials.append(trial)
 
     def choice(self) -> Trial:
         """The cheapest measured setting that no other measured setting beats beyond noise (the baseline if
@@ -251,6 +247,8 @@ class LoaderSearch:
             return
         if self.budget.may_change_workers:
             yield from self._predicted()
+            if close_call(self.best_dataloader(), self.baseline, self.floor):
+                yield self.baseline.settings  # the user's settings once more: the choice is made on both windows
         else:
             self.stop_reason = "num_workers left as is (\"loader\" is not among the groups to tune)"
         yield from self._dali()
@@ -404,6 +402,24 @@ class LoaderSearch:
             s = chosen.settings
         if self.budget.cuda and not s.pin_memory and (chosen.transfer_frac or 0.0) >= 0.01:
             yield dataclasses.replace(s, pin_memory=True)
+
+
+def close_call(best: Trial, baseline: Trial, floor: float) -> bool:
+    """The fastest setting is ahead of the user's (measured once) by more than the floor, but within noise: worth a
+    second window of the user's settings, late in the search as the trials were - a drift of the machine's pace is
+    then in both sides of the comparison."""
+    if best is baseline or baseline.repeats > 1:
+        return False
+    fast, base = measured(best.rate), measured(baseline.rate)
+    return fast.value > base.value * (1.0 + floor) and not faster(fast, base, floor)
+
+
+def _pooled(first: Trial, again: Trial) -> Trial:
+    """Two windows of the same settings as one trial: the second's figures, the rates combined, waits averaged."""
+    return dataclasses.replace(again, rate=combine(measured(first.rate), measured(again.rate)),
+                               data_wait_frac=_mean(first.data_wait_frac, again.data_wait_frac),
+                               transfer_frac=_mean(first.transfer_frac, again.transfer_frac),
+                               repeats=first.repeats + 1, predicted=first.predicted)
 
 
 def _mean(a: float | None, b: float | None) -> float | None:

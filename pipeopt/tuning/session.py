@@ -263,7 +263,7 @@ class LoaderSession:
                       f"continuing with {self._switcher.fallback.describe()}")
         else:
             search.record(_trial_of(self._trial, agreed))
-            self._say(f"{_trial_line(search)} [{self._elapsed():.1f} of {self._budget_s:g} s budget]")
+            self._say(f"{_trial_line(search, self._trial)} [{self._elapsed():.1f} of {self._budget_s:g} s budget]")
         if agreed.over_budget:
             self.notes.append(f"the tuning budget ({self._budget_s:g} s) ran out; chose among the trials so far")
             self._choose()
@@ -297,7 +297,7 @@ class LoaderSession:
         if search is None:
             return
         self.notes.extend(search.summary())
-        self.chosen = search.choice()
+        self.chosen, self.before_rate = search.choice(), search.baseline.rate  # the user's, pooled if measured again
         user = self._switcher.user_settings
         if self.chosen.settings == user:
             self._back_to_user("your settings")
@@ -446,12 +446,13 @@ def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialW
             f"after-window ({need}); chose among the trials so far")
 
 
-def _trial_line(search: LoaderSearch) -> str:
-    """The last trial in one line: its settings, the rate it measured (and the model's prediction), its wait."""
-    trial = search.trials[-1]
+def _trial_line(search: LoaderSearch, settings: LoaderSettings) -> str:
+    """The trial of ``settings`` (the last, or the user's measured again) in one line: its settings, the rate it
+    measured (and the model's prediction), its wait."""
+    index, trial = next((i, t) for i, t in enumerate(search.trials) if t.settings == settings)
     again = f" (pooled over {trial.repeats} windows)" if trial.repeats > 1 else ""
     predicted = f" (predicted {trial.predicted:,.1f})" if trial.predicted is not None else ""
-    return (f"trial {len(search.trials) - 1}: {trial.settings.describe()} -> {measured(trial.rate).value:,.1f} "
+    return (f"trial {index}: {trial.settings.describe()} -> {measured(trial.rate).value:,.1f} "
             f"samples/s{again}{predicted}, data wait {trial.data_wait_frac:.0%}")
 
 

@@ -77,6 +77,31 @@ def test_memory_bound_workers_stay_within_the_memory_they_may_take():
     assert [p.num_workers for p in run(stand_in, MEMORY_BOUND)] == [2]  # the training process's 2 GiB stands in
 
 
+@pytest.mark.parametrize(("again", "kept"), [(90.0, 2), (104.0, 0)], ids=["user-slower-again", "user-as-fast"])
+def test_a_gain_within_noise_measures_the_users_settings_again_and_decides_on_both_windows(again, kept):
+    # the user's window read 100 samples/s, the workers' 112: ahead by more than the 5 % floor, within the noise of
+    # two windows of 5 % error each (a 14 % gap is needed); the user's settings are measured once more, late
+    windows = {"user": [100.0, again]}
+
+    def world(settings):
+        if settings.num_workers == 0:
+            return trial(settings, windows["user"].pop(0), 0.5, se=0.05)
+        return trial(settings, 112.0, 0.3, cpu_workers=40.0 * settings.num_workers, se=0.05)
+
+    search = LoaderSearch(world(USER), Budget(cpus=1, more_epochs=True))
+    proposed = run(search, world)
+    assert proposed[-1] == USER and proposed.count(USER) == 1  # once more, after the workers' trials
+    assert search.baseline.repeats == 2 and search.trials[0] is search.baseline
+    assert search.baseline.rate.value == pytest.approx((100.0 + again) / 2)
+    assert search.choice().settings.num_workers == kept
+
+
+def test_a_clear_gain_or_loss_does_not_measure_the_users_settings_again():
+    assert USER not in run(LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True)), LATENCY)
+    slower = LoaderSearch(trial(USER, 100.0, 0.5, se=0.05), Budget(cpus=1, more_epochs=True))
+    assert USER not in run(slower, lambda s: trial(s, 80.0, 0.3, cpu_workers=40.0 * s.num_workers, se=0.05))
+
+
 def test_a_fit_too_short_for_the_models_pick_tries_the_most_workers_it_has_room_for():
     # the session's judgement: room for a trial and an after-window of at most 6 workers (their in-flight batches)
     search = LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True), room=lambda s: s.num_workers <= 6)
