@@ -88,7 +88,7 @@ def build_loader(
         user,
         num_workers=settings.num_workers,
         pin_memory=settings.pin_memory,
-        timeout=user.timeout if timeout is None else timeout,
+        timeout=user.timeout if timeout is None or not settings.num_workers else timeout,  # workers' only
         generator=generator,
         prefetch_factor=settings.prefetch_factor,
         persistent_workers=settings.persistent_workers,

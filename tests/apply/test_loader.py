@@ -118,6 +118,20 @@ def test_a_crashing_candidate_is_survived_without_losing_or_repeating_a_batch():
     assert psutil.Process().children() == []
 
 
+def test_a_trial_timeout_bounds_only_workers_the_main_process_loads_without_one():
+    # a trial's loader gets a timeout (a hung worker is discarded); the main process alone cannot take one (torch
+    # refuses it), as when the user's own settings are measured again in a trial window
+    expected = reference_epochs(0, epochs=1)[0]
+    user = user_loader()
+    live = iter(user)
+    seen = flat(itertools.islice(live, 3))
+    stream = IndexStream(_dataloader.take_index_stream(live))
+    handover = Handover(stream, live, user, lambda err: (_ for _ in ()).throw(err))
+    handover.add(*start(user, MAIN, stream, timeout=5))
+    seen += flat(handover)
+    assert seen == expected
+
+
 def test_errors_from_the_users_dataset_are_not_swallowed():
     class Broken(Indexed):
         def __getitem__(self, i):
