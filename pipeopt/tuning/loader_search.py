@@ -8,10 +8,11 @@ The search (a plan, fed one measured trial at a time):
    CPU and memory), picks again while it predicts a gain beyond noise over the best measured setting - at most
    ``MODEL_TRIALS`` trials in all. Every proposal carries its predicted rate; the trial records it beside the
    measured one.
-3. Fallback, when a pick fails or measures slower than the best so far beyond noise (the model has this pipeline
-   wrong): grow ``num_workers`` geometrically from the fastest count so far while each step is faster than the
-   best beyond noise (a count too close to call is measured once more and judged on both windows), until the data
-   wait is gone (< 5 %), a trial fails, or the next count would not fit the budget: two workers per CPU this rank
+3. Fallback, when a pick fails or the first pick measures slower than the user's settings beyond noise (the model
+   has this pipeline wrong; a refit's pick slower than the best so far is refitted on instead): grow
+   ``num_workers`` geometrically from the fastest count so far while each step is faster than the best beyond noise
+   (a count too close to call is measured once more and judged on both windows), until the data wait is gone
+   (< 5 %), a trial fails, or the next count would not fit the budget: two workers per CPU this rank
    may use always fit; beyond that the measured CPU per worker times the count must fit those CPUs (workers that
    mostly wait on storage use little CPU and may outnumber the cores), and their measured private memory must fit
    the memory available. Then refine: the midpoints between the best count and its tried neighbours.
@@ -279,8 +280,9 @@ class LoaderSearch:
 
     def _predicted(self) -> Iterator[LoaderSettings]:
         """The model's pick, verified by a trial; then the refitted model's pick while it predicts a gain beyond
-        noise over the fastest setting measured, ``MODEL_TRIALS`` trials at most. A pick that fails, or measures
-        slower than the fastest so far beyond noise, hands the search to geometric growth (``_fallback``)."""
+        noise over the fastest setting measured, ``MODEL_TRIALS`` trials at most. A pick that fails, or a first pick
+        slower than the user's settings beyond noise, hands the search to geometric growth (``_fallback``); a
+        refit's pick slower than the fastest so far is one more point the next refit is fitted to."""
         for attempt in range(MODEL_TRIALS):
             model, room = self._model(), self._with_room()
             n = model.best(room)
@@ -305,6 +307,8 @@ class LoaderSearch:
                 yield from self._fallback(max(1, n // 2), failed_at=(n, trial.error))
                 return
             if faster(measured(best.rate), measured(trial.rate), self.floor):
+                if attempt:  # a refit's pick slower than the best: noise or contention on the plateau; refit on it
+                    continue
                 self.fell_back = (f"its pick, {_workers(n)}, measured {measured(trial.rate).value:,.1f} samples/s "
                                   f"(predicted {predicted:,.1f}), slower than "
                                   f"{_workers(best.settings.num_workers)} ({measured(best.rate).value:,.1f})")
