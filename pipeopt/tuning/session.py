@@ -285,6 +285,8 @@ class LoaderSession:
         if candidate is not None:
             if candidate == self._trial:  # a repeat: keep the loader, measure another window
                 self._windows.measure(f"trial (repeat): {candidate.describe()}", 0, candidate)
+            elif candidate == self._switcher.user_settings:  # a close call: the user's own loader, measured again
+                self._back_to_user("your settings, measured again")
             else:
                 self._apply(candidate, label="trial", timeout_s=self._trial_timeout())
             self._trial = candidate
@@ -366,12 +368,10 @@ class LoaderSession:
         return 0.0 if self._started is None else self._clock() - self._started
 
     def _trial_timeout(self) -> float:
-        step = self.before.step_time_s if self.before else 0.0
-        return max(self._min_timeout, 20.0 * step)
+        return max(self._min_timeout, 20.0 * (self.before.step_time_s if self.before else 0.0))
 
     def finish(self) -> None:  # the fit ended mid-trial: a failure already seen is still recorded
-        failure = self._failure or self._switcher.take_failure()
-        self._failure = None
+        failure, self._failure = self._failure or self._switcher.take_failure(), None
         if self.state is Phase.TRIAL and failure is not None and self.search is not None and self._trial is not None:
             self.search.record(Trial(self._trial, None, error=first_line(failure)))
 

@@ -168,6 +168,21 @@ def test_a_short_fit_tries_the_most_workers_whose_trial_it_can_finish():
     assert unbounded > 10 and short == 10 and s.state == "trial"
 
 
+def test_a_close_call_measures_the_users_own_loader_again_before_choosing():
+    s, switcher, resets = session()
+    user_rates = iter([100.0, 104.0])  # the before-window, then the user's settings measured again
+    while s.state not in ("after", "done"):
+        workers = bool(switcher.switches) and switcher.switches[-1].num_workers > 0
+        # the workers read 112 samples/s: 12 % ahead, within the noise of two windows of 5 % error each
+        rate, wait = (112.0, 0.3) if workers else (next(user_rates), 0.5)
+        s.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.05))
+        s.on_step_end()
+    assert getattr(switcher, "restored", False)  # the user's own loader object again, not a copy of its settings
+    assert any(label == "your settings, measured again" for label, *_ in resets)
+    assert s.state == "done" and s.changes == []  # 112 against the two windows' 102: not beyond noise
+    assert s.before_rate.value == pytest.approx(102.0)
+
+
 def test_a_warm_sample_store_ends_the_worker_search_so_the_cache_is_tried_next():
     s, switcher, _ = session()
     warm = {"now": False}
