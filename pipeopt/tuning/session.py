@@ -449,7 +449,8 @@ def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialW
 def _trial_line(search: LoaderSearch, settings: LoaderSettings) -> str:
     """The trial of ``settings`` (the last, or the user's measured again) in one line: its settings, the rate it
     measured (and the model's prediction), its wait."""
-    index, trial = next((i, t) for i, t in enumerate(search.trials) if t.settings == settings)
+    index = max(i for i, t in enumerate(search.trials) if t.settings == settings)
+    trial = search.trials[index]
     again = f" (pooled over {trial.repeats} windows)" if trial.repeats > 1 else ""
     predicted = f" (predicted {trial.predicted:,.1f})" if trial.predicted is not None else ""
     return (f"trial {index}: {trial.settings.describe()} -> {measured(trial.rate).value:,.1f} "

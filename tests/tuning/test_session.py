@@ -169,7 +169,9 @@ def test_a_short_fit_tries_the_most_workers_whose_trial_it_can_finish():
 
 
 def test_a_close_call_measures_the_users_own_loader_again_before_choosing():
-    s, switcher, resets = session()
+    resets, said, switcher = [], [], FakeSwitcher()
+    s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=60.0, clock=lambda: 0.0, say=said.append,
+                      windows=TrialWindows(lambda *args: resets.append(args)))
     user_rates = iter([100.0, 104.0])  # the before-window, then the user's settings measured again
     while s.state not in ("after", "done"):
         workers = bool(switcher.switches) and switcher.switches[-1].num_workers > 0
@@ -181,6 +183,7 @@ def test_a_close_call_measures_the_users_own_loader_again_before_choosing():
     assert any(label == "your settings, measured again" for label, *_ in resets)
     assert s.state == "done" and s.changes == []  # 112 against the two windows' 102: not beyond noise
     assert s.before_rate.value == pytest.approx(102.0)
+    assert any(line.startswith("trial 0: num_workers=0") and "pooled over 2 windows" in line for line in said)
 
 
 def test_a_warm_sample_store_ends_the_worker_search_so_the_cache_is_tried_next():
