@@ -31,7 +31,7 @@ The search (a plan, fed one measured trial at a time):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,22 +159,18 @@ def over_budget(n: int, trials: list[Trial], budget: Budget) -> tuple[bool, str 
 
 
 class LoaderSearch:
-    """A plan of candidates. ``propose()`` gives the next (None when done); ``record()`` feeds its measurement.
-    ``room(settings)``: whether the fit has room for a trial of ``settings`` and its after-window (the session's
-    judgement; the model's pick is capped to the most workers that have)."""
+    """A plan of candidates. ``propose()`` gives the next (None when done); ``record()`` feeds its measurement."""
 
-    def __init__(self, baseline: Trial, budget: Budget, *, floor: float = DEFAULT_FLOOR,
-                 room: Callable[[LoaderSettings], bool] = lambda settings: True) -> None:
+    def __init__(self, baseline: Trial, budget: Budget, *, floor: float = DEFAULT_FLOOR) -> None:
         if baseline.rate is None:
             raise ValueError("the baseline must be a measured trial")
-        self.baseline, self.room = baseline, room
+        self.baseline = baseline
         self.budget = budget
         self.floor = floor
         self.trials: list[Trial] = [baseline]
         self.stop_reason: str | None = None
         self.predictions: dict[LoaderSettings, float] = {}  # what the model predicted for each proposal
         self.fell_back: str | None = None  # why the search left the model for geometric growth (None: it did not)
-        self.capped: str | None = None  # why a pick is fewer workers than the model's best (the fit's length)
         self._plan = self._steps()
         self._waiting = False
 
@@ -228,7 +224,6 @@ class LoaderSearch:
     def summary(self) -> list[str]:
         """How the search went, as report notes: where it left the model, why it stopped."""
         notes = [f"loader model: {self.fell_back}; searched geometrically from there"] if self.fell_back else []
-        notes += [self.capped] if self.capped else []
         return notes + ([f"loader search stopped: {self.stop_reason}"] if self.stop_reason else [])
 
     def _within_memory(self, trial: Trial) -> bool:
@@ -263,14 +258,6 @@ class LoaderSearch:
         self.stop_reason = why or self.stop_reason
         return not over
 
-    def _with_room(self) -> int:
-        """The most workers whose trial and after-window the fit has room for (``room``); no cap when even one
-        worker's has not (the session then says the fit is too short for a trial)."""
-        for n in range(MAX_WORKERS, 0, -1):
-            if self.room(self.baseline.settings.with_workers(n, persistent=self._persistent())):
-                return n
-        return MAX_WORKERS
-
     def _model(self) -> capacity.Capacity:
         model = capacity.fit(self.trials, cpus=self.budget.cpus, memory_bytes=self.budget.memory_bytes,
                              training_mem_bytes=self.budget.training_mem_bytes)
@@ -284,10 +271,8 @@ class LoaderSearch:
         slower than the user's settings beyond noise, hands the search to geometric growth (``_fallback``); a
         refit's pick slower than the fastest so far is one more point the next refit is fitted to."""
         for attempt in range(MODEL_TRIALS):
-            model, room = self._model(), self._with_room()
-            n = model.best(room)
-            if room < MAX_WORKERS and n == room < model.best(MAX_WORKERS):
-                self.capped = f"loader model: its pick capped at {_workers(n)}, the most the fit has room to try"
+            model = self._model()
+            n = model.best(MAX_WORKERS)
             candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
             predicted, best = model.rate(n), self.best_dataloader()
             if self._tried(candidate) is not None:

@@ -246,8 +246,7 @@ class LoaderSession:
     def _on_before(self, stats: WindowStats, agreed: Agreed, failure: BaseException | None) -> None:
         self.before, self.before_rate = stats, agreed.rate
         baseline = _trial_of(self._switcher.user_settings, agreed)
-        self.search = LoaderSearch(baseline, self._budget, floor=self._floor,
-                                   room=lambda s: _no_room(s, self._applied, self._windows, self._steps_left()) is None)
+        self.search = LoaderSearch(baseline, self._budget, floor=self._floor)
         self._windows.predicted = self.search.predictions.get  # trials are sized at their predicted pace
         self._started = self._clock()
         self._next_trial()

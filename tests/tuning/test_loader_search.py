@@ -102,18 +102,6 @@ def test_a_clear_gain_or_loss_does_not_measure_the_users_settings_again():
     assert USER not in run(slower, lambda s: trial(s, 80.0, 0.3, cpu_workers=40.0 * s.num_workers, se=0.05))
 
 
-def test_a_fit_too_short_for_the_models_pick_tries_the_most_workers_it_has_room_for():
-    # the session's judgement: room for a trial and an after-window of at most 6 workers (their in-flight batches)
-    search = LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True), room=lambda s: s.num_workers <= 6)
-    proposed = run(search, LATENCY)
-    assert [p.num_workers for p in proposed] == [6]  # the model's pick is 13; 6 is the most that can be tried
-    assert search.choice().settings.num_workers == 6
-    assert any("capped at 6 workers" in note for note in search.summary())
-    unbounded = LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True), room=lambda s: False)
-    assert [p.num_workers for p in run(unbounded, LATENCY)] == [13]  # no room at all: the session says so, not this
-    assert not any("capped" in note for note in unbounded.summary())
-
-
 @pytest.mark.parametrize("world", [LATENCY, CPU_BOUND, MEMORY_BOUND], ids=["latency", "cpu", "memory"])
 def test_every_trial_carries_its_prediction_and_few_trials_are_needed(world):
     search = LoaderSearch(world(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))

@@ -153,21 +153,6 @@ def test_no_trial_starts_that_the_fit_cannot_finish():
     assert any("the fit has 30 optimizer steps left: too few for another trial" in n for n in s.notes)
 
 
-def test_a_short_fit_tries_the_most_workers_whose_trial_it_can_finish():
-    def picked(steps_left):
-        switcher = FakeSwitcher()
-        s = LoaderSession(switcher, budget=Budget(cpus=2, more_epochs=True), budget_s=60.0,
-                          windows=TrialWindows(lambda *args: None), clock=lambda: 0.0, steps_left=lambda: steps_left)
-        feed(s, 50.0, 0.95)  # before: 95 % of each step waits; the model wants many workers
-        return switcher.switches[-1].num_workers, s
-
-    unbounded, _ = picked(None)
-    # a trial of n workers and its after-window take both loaders' in-flight batches (1, and 2n + 1) and two windows
-    # of max(20, 2n + 1) steps: 64 for 10 workers
-    short, s = picked(64)
-    assert unbounded > 10 and short == 10 and s.state == "trial"
-
-
 def test_a_close_call_measures_the_users_own_loader_again_before_choosing():
     resets, said, switcher = [], [], FakeSwitcher()
     s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=60.0, clock=lambda: 0.0, say=said.append,
