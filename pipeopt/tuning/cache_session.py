@@ -200,8 +200,9 @@ class CacheSession:
         if workers != base.num_workers:
             base = base.with_workers(workers, persistent=base.persistent_workers)
         settings = dataclasses.replace(base, cache=True)
-        left = self._steps_left()
-        return None if left is not None and left < self._windows.trial_steps(self._applied, settings) else settings
+        left, tried = self._steps_left(), [t.settings for t in self.trials if t.rate is not None]  # may be chosen
+        room = left is None or left >= self._windows.trial_steps(self._applied, settings, tried)
+        return settings if room else None
 
     def _choose(self) -> None:
         before = self.before

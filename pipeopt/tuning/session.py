@@ -9,7 +9,7 @@ rank runs the same search on the same numbers and applies the same settings at t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -122,10 +122,18 @@ class TrialWindows:
         length, blocks = self._shape(settings)
         self.reset_meter(label, skip, length, blocks)
 
-    def trial_steps(self, applied: LoaderSettings, candidate: LoaderSettings) -> int:
-        """Optimizer steps a trial of ``candidate`` and its after-window take, ``applied`` being in place: both
-        loaders' in-flight batches skipped, two windows shaped for it."""
-        return applied.in_flight + candidate.in_flight + 2 * self._shape(candidate)[0]
+    def trial_steps(self, applied: LoaderSettings, candidate: LoaderSettings,
+                    tried: Iterable[LoaderSettings] = ()) -> int:
+        """Optimizer steps a trial of ``candidate`` and the after-windows that may follow it take, ``applied`` being
+        in place: both loaders' in-flight batches skipped and a window shaped for the candidate; then, for whichever
+        is chosen - the candidate or a setting ``tried`` before it - the switch back to it (both loaders'
+        in-flight batches again) and two windows shaped for it (the second when the first is too close to call)."""
+        def after(chosen: LoaderSettings) -> int:
+            switch = 0 if chosen == candidate else candidate.in_flight + chosen.in_flight
+            return switch + 2 * self._shape(chosen)[0]
+
+        trial = applied.in_flight + candidate.in_flight + self._shape(candidate)[0]
+        return trial + max(after(chosen) for chosen in (candidate, *tried))
 
     def _step_s(self, settings: LoaderSettings) -> float | None:
         """The step time to size a window by: the last window's, or shorter where the loader model predicts a
@@ -277,7 +285,8 @@ class LoaderSession:
             search.stop_reason = "the sample cache's store holds an epoch: reading from it is tried (last)"
             return self._choose()
         candidate = search.propose()
-        crowded = None if candidate is None else _no_room(candidate, self._applied, self._windows, self._steps_left())
+        crowded = None if candidate is None else _no_room(candidate, self._applied, self._windows, self._steps_left(),
+                                                          search.trials, self._switcher.user_settings)
         if crowded:  # a trial the fit cannot finish measures nothing: choose now
             self.notes.append(crowded)
             candidate = None
@@ -436,13 +445,17 @@ class LoaderSession:
         return self.chosen.settings if self.state is Phase.DONE and self.changes and self.chosen else None
 
 
-def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialWindows, left: int | None) -> str | None:
-    """Why the fit has no room for a trial of ``candidate`` and an after-window (None: it has, or is unbounded)."""
-    need = windows.trial_steps(applied, candidate)
+def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialWindows, left: int | None,
+             trials: list[Trial], user: LoaderSettings) -> str | None:
+    """Why the fit has no room for a trial of ``candidate`` and the after-windows of whichever of it and the
+    settings measured in ``trials`` is chosen (None: it has room, or the fit is unbounded). The user's settings,
+    chosen, need no after-window."""
+    tried = [t.settings for t in trials if t.ok and t.settings != user]
+    need = windows.trial_steps(applied, candidate, tried)
     if left is None or left >= need:
         return None
-    return (f"the fit has {left} optimizer steps left: too few for another trial ({candidate.describe()}) and an "
-            f"after-window ({need}); chose among the trials so far")
+    return (f"the fit has {left} optimizer steps left: too few for another trial ({candidate.describe()}) and its "
+            f"after-windows ({need}); chose among the trials so far")
 
 
 def _trial_line(search: LoaderSearch, settings: LoaderSettings) -> str:

@@ -13,7 +13,14 @@ from torch.utils.data import DataLoader
 
 from pipeopt.config import TUNE_GROUPS
 from pipeopt.tuning.batch import BatchPlan
-from tests.helpers import Regressor, SleepyDataset, controlled_rates, quiet_pipeopt, quiet_trainer_kwargs
+from tests.helpers import (
+    Regressor,
+    SleepyDataset,
+    controlled_rates,
+    controlled_wait,
+    quiet_pipeopt,
+    quiet_trainer_kwargs,
+)
 
 
 class Counted(Regressor):
@@ -68,8 +75,11 @@ def _users(tried):
 
 
 def _nothing_kept(monkeypatch):
-    """Every candidate measures slower than what the user has: whatever is tried is rolled back."""
+    """Every candidate measures slower than what the user has: whatever is tried is rolled back. Every window waits
+    half its step for data: the loader model's pick (2 workers), and so the steps its trials leave the other
+    groups, are the same however busy the machine is."""
     controlled_rates(monkeypatch, lambda tried: 100.0 if _users(tried) else 50.0)
+    controlled_wait(monkeypatch, 0.5)
 
 
 @pytest.mark.parametrize("tune", [(), ("loader",), ("precision",), ("batch",), ("precision", "batch"), TUNE_GROUPS],
@@ -83,6 +93,8 @@ def test_training_step_runs_once_per_trained_batch_on_every_sample_in_order(tune
     assert model.seen == plain.seen  # every sample once per epoch, in the user's order
     assert model.per_epoch == plain.per_epoch == [(sum(range(512)), 512.0)] * 3  # the user's metrics agree
     tried = {w.label.split(":")[0] for w in callback.windows}
+    if "loader" in tune:
+        assert "trial" in tried  # a loader with workers was tried, then the user's restored
     if "batch" in tune:
         assert "batch trial" in tried  # the plan was tried on the live run: a fold of two batches, then rolled back
     if "precision" in tune:

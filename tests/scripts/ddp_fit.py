@@ -5,7 +5,9 @@ rank 1, which under pytest would relaunch the test session.
 
 Each rank writes OUT_DIR/<mode>-rank<r>.json: the samples it saw, its final loader settings and its trials.
 ``pipeopt`` tunes the loader in a controlled world where any worker count measures 3x the main process
-(``pipeopt.tuning.noise.window_rate``), so a change must be kept - the same one on both ranks. ``batch`` tunes
+(``pipeopt.tuning.noise.window_rate``) and every window waits half its step for data (``window_wait``: the loader
+model's picks, and so the steps their trials take, do not depend on the machine's pace), so a change must be kept -
+the same one on both ranks. ``batch`` tunes
 micro-batch x accumulation (and the loader) against an injected device memory of 1000 bytes, where a step peaks
 at 200 bytes per sample of its micro-batch: the user's 8 do not fit, 4 x 2 does. ``cache`` tunes the sample cache
 in a world where reading from the store measures 3x, so each rank's store is filled with its shard and kept.
@@ -42,6 +44,7 @@ def main() -> None:
     callbacks: list = []
     if mode == "pipeopt":
         noise.window_rate = lambda stats, settings: Rate(300.0 if settings.num_workers else 100.0, 0.01)
+        noise.window_wait = lambda stats, settings: 0.5
     if mode == "cache":
         noise.window_rate = lambda stats, settings: Rate(300.0 if settings.cache else 100.0, 0.01)
     if mode in ("pipeopt", "batch", "cache"):
@@ -53,8 +56,8 @@ def main() -> None:
     counter = SamplesPerStep()
     callbacks.append(counter)
     model = Regressor()
-    # 4 epochs of 48 steps a rank: room for the whole search and its after-window however fast this machine runs
-    # (a quiet machine fits more trials into the 3 s budget; a 2-epoch fit could end mid-search and keep nothing)
+    # 4 epochs of 48 steps a rank: room for the whole search and its after-windows (a quiet machine fits more
+    # trials into the 3 s budget; a 2-epoch fit could end mid-search and keep nothing)
     trainer = pl.Trainer(max_epochs=4, strategy="ddp", callbacks=callbacks,
                          **quiet_trainer_kwargs(devices=2))
     trainer.fit(model, DataLoader(SleepyDataset(n=768, delay_s=0.003), batch_size=8, shuffle=True))

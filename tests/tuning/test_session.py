@@ -211,7 +211,45 @@ def test_a_trial_window_lasts_window_s_at_the_pace_the_model_predicts_for_it():
         windows.measure("trial", 0, six)
     assert shapes == [20, 60, 20]
     windows.predicted = {six: 480.0}.get
-    assert windows.trial_steps(USER, six) == 1 + 13 + 2 * 60
+    assert windows.trial_steps(USER, six) == (1 + 13 + 60) + 2 * 60  # the trial, then two after-windows of it
+
+
+def test_a_trials_room_holds_the_switch_back_to_a_setting_tried_before_it_and_its_after_windows():
+    windows = TrialWindows(lambda *args: None, window=4)
+    four, eight = USER.with_workers(4, persistent=True), USER.with_workers(8, persistent=True)  # 9 and 17 in flight
+    trial = 9 + 17 + 17  # from four to eight: both queues skipped, a window as long as eight's queue
+    assert windows.trial_steps(four, eight) == trial + 2 * 17
+    assert windows.trial_steps(four, eight, [four]) == trial + (17 + 9) + 2 * 9  # four chosen: back to it
+
+
+def _tuned_in_a_fit_of(fit_steps):
+    """A loader session in a fit of ``fit_steps`` optimizer steps (window 4, after a 2-step warm-up) where any
+    worker count measures 3x the main process, the counts within the floor of each other, and still waits: each
+    refit picks more workers (2, 4, 7) and the cheapest wins. Returns the windows cut and the phase the fit ended
+    in (the first window the fit could not close ends it)."""
+    cut, used = [], {"steps": 2 + 4}  # the warm-up and the before-window
+
+    def reset_meter(label, skip, length, blocks):
+        cut.append((label, skip, length or 4))
+
+    s = LoaderSession(FakeSwitcher(), budget=Budget(cpus=8), budget_s=60.0, clock=lambda: 0.0,
+                      windows=TrialWindows(reset_meter, window=4), steps_left=lambda: fit_steps - used["steps"])
+    feed(s, 100.0, 0.6)
+    while s.state in ("trial", "after"):
+        _, skip, length = cut[-1]
+        if used["steps"] + skip + length > fit_steps:
+            break
+        used["steps"] += skip + length
+        feed(s, 300.0 + s._applied.num_workers, 0.3)
+    return [label for label, _, _ in cut], s.state
+
+
+def test_a_fit_of_any_length_closes_every_trial_and_after_window_the_session_starts():
+    ended = {steps: _tuned_in_a_fit_of(steps) for steps in range(20, 401, 4)}
+    assert {steps: state for steps, (_, state) in ended.items() if state != "done"} == {}
+    labels, _ = ended[400]  # a long fit: three trials, then back from the largest to the cheapest
+    assert [label.split(",")[0] for label in labels] == [
+        "trial: num_workers=2", "trial: num_workers=4", "trial: num_workers=7", "after: num_workers=2"]
 
 
 def test_the_session_sizes_a_trial_by_the_models_prediction():
