@@ -99,7 +99,8 @@ def test_a_plan_tried_mid_epoch_with_the_loader_tuned_first_keeps_the_order(monk
     plain, _ = _fit([], n=512, delay_s=0.002, epochs=5)
     monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())
     # room for a loader trial in this 80-step fit whatever the machine's pace: windows of `window` steps and at most
-    # 4 workers (room_for_a_trial): a trial then needs 1 + 9 + 2 x 20 of the 55 steps left after the before-window
+    # 4 workers (room_for_a_trial): a trial and its after-windows then need at most 1 + 9 + 9 + 2 x 9 of the 74
+    # steps left after the before-window
     counter, callback = SamplesPerStep(), quiet_pipeopt(tune=("batch", "loader"), budget_s=0.5, window_s=0)
     model, trainer = _fit([counter, callback], n=512, delay_s=0.002, epochs=5)
     labels = [w.label for w in callback.windows]
