@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from tests.dali.images import Classifier, solid_folder, torchvision
-from tests.helpers import controlled_rates, quiet_pipeopt, quiet_trainer_kwargs, run_ddp
+from tests.helpers import controlled_rates, controlled_wait, quiet_pipeopt, quiet_trainer_kwargs, run_ddp
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (`pip install 'pipeopt[dali]'`; `make test` "
                     "runs these tests in .venv-vision)")
@@ -44,6 +44,7 @@ def test_dali_is_tried_on_the_live_run_and_the_model_sees_what_it_would_have(ima
 
     plain, _ = fit([], images)
     controlled_rates(monkeypatch, lambda s: 1000.0 if s.dali else 100.0)  # a world where DALI must be kept
+    controlled_wait(monkeypatch, 0.5)  # and the run is input-bound, however busy the machine is
     callback = quiet_pipeopt(tune=("dali",), window=4)
     tuned, trainer = fit([callback], images)
     (trial, *again) = dali_trials(callback)
@@ -65,6 +66,7 @@ def test_a_failing_dali_pipeline_is_discarded_and_training_goes_on(images, monke
         raise RuntimeError("no DALI today")
 
     monkeypatch.setattr("pipeopt.dali.pipeline.build", broken)
+    controlled_wait(monkeypatch, 0.5)  # input-bound however busy the machine is: DALI is tried
     plain, _ = fit([], images, epochs=2)
     callback = quiet_pipeopt(tune=("dali",), window=4)
     tuned, _ = fit([callback], images, epochs=2)

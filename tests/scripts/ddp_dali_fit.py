@@ -3,7 +3,8 @@
     python tests/scripts/ddp_dali_fit.py OUT_DIR {plain|pipeopt|loader_from} IMAGE_ROOT
 
 ``pipeopt`` tries DALI as a loader candidate on both ranks, in a controlled world where it measures ten times the
-DataLoader's rate (``pipeopt.tuning.noise.window_rate``), so it must be kept on both; ``loader_from`` trains on
+DataLoader's rate (``pipeopt.tuning.noise.window_rate``) and every window waits half its step for data
+(``window_wait``), so it must be kept on both; ``loader_from`` trains on
 ``pipeopt.dali.loader_from(DataLoader(...))`` built in ``train_dataloader`` (after DDP started: it shards itself).
 Each rank writes OUT_DIR/<mode>-rank<r>.json: the dataset indices it trained on, in order, and its trials.
 """
@@ -46,6 +47,7 @@ def main() -> None:
     callbacks = []
     if mode == "pipeopt":
         noise.window_rate = lambda stats, settings: Rate(1000.0 if settings.dali else 100.0, 0.01)
+        noise.window_wait = lambda stats, settings: 0.5  # input-bound however busy the machine is
         callbacks.append(PipeOpt(tune=("dali",), window=4, window_s=0, warmup=2, budget_s=10, report_dir=None,
                                  cache=False, console=Console(file=io.StringIO())))
     model = OwnLoader(root, direct=mode == "loader_from")
