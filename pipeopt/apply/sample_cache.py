@@ -225,12 +225,21 @@ class CachedDataset(Dataset):
         part = self._stored(i) if self.read and not self.broken else _MISSING
         if part is _MISSING:
             part = self.split.make(i)  # the user's code: its exceptions are the user's
-            if not self.broken:
-                try:
-                    self._offer(i, part)
-                except Exception:  # pipeopt's store never fails a fetch: this process leaves it alone
-                    self.broken = True
+            self._keep(i, part)
         return self.split.finish(part, i)
+
+    def fill(self, i: int) -> None:
+        """Make and store item ``i``'s cached part unless the store has it; nothing is returned, nothing after the
+        cut runs (the work of ``apply.backfill``)."""
+        if not self.broken and not self.store.has(i):
+            self._keep(i, self.split.make(i))
+
+    def _keep(self, i: int, part: Any) -> None:
+        if not self.broken:
+            try:
+                self._offer(i, part)
+            except Exception:  # pipeopt's store never fails a fetch: this process leaves it alone
+                self.broken = True
 
     def _stored(self, i: int) -> Any:
         """The stored part of item ``i``, or ``_MISSING`` (not stored; or the store cannot be read - removed under a
@@ -255,12 +264,16 @@ class SampleCache:
 
     def __init__(self, split: Split, store: SampleStore, *, keep: bool = False) -> None:
         self.split, self.store, self.keep = split, store, keep
+        self.on_close: list[Callable[[], None]] = []  # work that fills the store, stopped before it goes
 
     def dataset(self, *, read: bool) -> CachedDataset:
         return CachedDataset(self.split, self.store, read=read)
 
     def close(self) -> None:
-        """The fit is over: the store is deleted, unless it is to be kept for a rerun."""
+        """The fit is over: what still fills the store stops, and the store is deleted, unless it is to be kept for a
+        rerun."""
+        while self.on_close:
+            self.on_close.pop()()
         if self.keep:
             self.store.close()
         else:

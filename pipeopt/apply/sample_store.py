@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 _MAGIC = 0x70697065_6F707402  # "pipeopt" + version 2
@@ -123,6 +124,12 @@ class SampleStore:
     def has(self, position: int) -> bool:
         index, _, _ = self._open()
         return index[_HEADER + 2 * position + 1] > 0
+
+    def missing(self) -> list[int]:
+        """The positions not stored (yet, or ever: the budget may be spent)."""
+        index, _, _ = self._open()
+        lengths = np.frombuffer(index, dtype=np.int64)[_HEADER + 1::2]
+        return [int(p) for p in np.flatnonzero(lengths == 0)]
 
     def put(self, position: int, value: bytes, started_ns: int) -> bool:
         """Store ``value`` for ``position`` (made on a miss, counted in this store's slot); False when the budget has

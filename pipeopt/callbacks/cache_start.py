@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import psutil
 
 from pipeopt import _lightning
+from pipeopt.apply.backfill import Backfill
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
 from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
 from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats
@@ -69,8 +71,12 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
                 made["epoch"] = -1
         return why
 
+    said = say if trainer.is_global_zero else (lambda line: None)
+    ahead = StoreCompletion(trainer, switcher, say=said, note=lambda line: session.outcome.notes.append(line),
+                            most=lambda: max(made["before"], int((1 - WARM_SHARE) * per_epoch)))  # see the class
+
     def warm() -> bool:  # not in the epoch that made the store: the samples it has still to draw are not in it
-        return trainer.current_epoch > made["epoch"] and held_enough()
+        return trainer.current_epoch > made["epoch"] and held_enough() and ahead.done()
 
     # Windows at least CACHE_WINDOW_S_FACTOR x window_s long: workers that each wait long on storage deliver their
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
@@ -80,9 +86,9 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False),
-                           say=say if trainer.is_global_zero else (lambda line: None), prepare=prepare,
+                           say=said, prepare=prepare,
                            steps_left=lambda: None if planned is None else planned - trainer.global_step,
-                           alone_first=split.whole)
+                           alone_first=split.whole, quiet=ahead.quiet)
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
         kept = restored["cache"]
@@ -125,6 +131,58 @@ def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> Sample
     budget = max(1, int(config.sample_cache_share * free))
     slot = trainer.local_rank % SLOTS
     return SampleStore(root / f"{name}-{socket.gethostname()}", len(split), budget, slot=slot)
+
+
+class StoreCompletion:
+    """Before the cache is tried: the items the store misses, made in the background (``Backfill``) - the samples
+    the epoch that made it drew before it existed - and whether a window overlapped that work (its rate is then
+    not the settings in place alone, and it is not pooled into the cache's window before)."""
+
+    def __init__(self, trainer: Any, switcher: LoaderSwitcher, *, most: Callable[[], int],
+                 say: Callable[[str], None], note: Callable[[str], None]) -> None:
+        """``most``: the most missing items it makes (more: a sampler that draws a part of the data set each epoch);
+        ``say``: a console line; ``note``: a line in the report."""
+        self._trainer, self._switcher, self._most, self._say, self.note = trainer, switcher, most, say, note
+        self.job: Backfill | None = None
+        self._begun, self._reported = False, False
+        self._since: float | None = None  # when ``quiet`` was last asked: the end of the window before
+
+    def done(self) -> bool:
+        """Nothing is left to make before the cache is tried; the first call starts the work."""
+        if not self._begun:
+            self._begun = True
+            self._begin()
+        job = self.job
+        if job is not None and job.running:
+            return False
+        if job is not None and not self._reported:
+            self._reported = True
+            self.note(job.describe())
+        return True
+
+    def _begin(self) -> None:
+        cache = self._switcher.cache
+        if cache is None or cache.store.stats().full:  # a store whose budget is spent holds no more
+            return
+        missing = cache.store.missing()
+        if len(missing) > self._most():
+            return
+        mine = missing[self._trainer.local_rank::max(1, self._trainer.num_devices)]  # the node's ranks share them
+        if not mine:
+            return
+        workers = max(1, min(self._switcher.current.num_workers, len(mine)))
+        self.job = Backfill(cache.dataset(read=False), mine, like=self._switcher.user, workers=workers)
+        self.job.start()
+        cache.on_close.append(self.job.stop)
+        self._say(f"making the {len(missing)} samples the store misses ahead, in {workers} worker process(es)")
+
+    def quiet(self) -> bool:
+        """Whether the window that ended now - since the last call - ran with no backfill beside it."""
+        since, self._since = self._since, time.perf_counter()
+        job = self.job
+        if job is None:
+            return True
+        return job.ended_at is not None and since is not None and job.ended_at <= since
 
 
 def holds_epoch(stats: StoreStats | None, per_epoch: int, unfillable: int) -> bool:

@@ -2,7 +2,8 @@
 
 Every DataLoader pipeopt builds fills the store as a side effect of loading (``apply.sample_cache``). Once the other
 groups are done, this session makes sure the loader in place is one of those (the same settings), then waits - on
-every rank - until the store holds the samples an epoch needs. Then, on the live run:
+every rank - until the store holds the samples an epoch needs (``warm``: what it still misses made ahead, too; the
+windows measured beside that work are not ``quiet`` and are not pooled). Then, on the live run:
 
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured while
    waiting (the settings in place, filling it), pooled until they span a trial's length - so the warm epoch is not
@@ -63,15 +64,15 @@ class CacheSession:
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
                  prepare: Callable[[], str | None] = lambda: None, alone_first: bool = False,
-                 holds_epoch: Callable[[], bool] | None = None) -> None:
+                 holds_epoch: Callable[[], bool] | None = None, quiet: Callable[[], bool] = lambda: True) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
+        self._quiet = quiet  # nothing of pipeopt's ran beside the settings in place in the window just ended
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._alone_first = alone_first
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
-        self.state = CachePhase.WAIT
-        self.started = False
+        self.state, self.started = CachePhase.WAIT, False
         self.baseline: LoaderSettings = switcher.current
         self._cached_base: LoaderSettings = switcher.current  # what a cached trial changes (the filler under DALI)
         self._applied: LoaderSettings = switcher.current
@@ -97,8 +98,7 @@ class CacheSession:
         in place, with ``filler`` (the best DataLoader setting measured) - then wait; unless the loader search found
         the run compute-bound (``data_wait_frac``: its before-window's wait)."""
         self.started, self.baseline = True, self._switcher.current
-        self._applied = self.baseline
-        self._cached_base = self.baseline
+        self._applied = self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
             self._finish(_compute_bound(data_wait_frac))
             return
@@ -130,13 +130,14 @@ class CacheSession:
         if self._pending is None or self.state is CachePhase.DONE:
             return
         stats, self._pending = self._pending, None
+        quiet = self._quiet()  # asked before ``warm``, which may start work beside the run
         figures = agree(Agreed.of(stats, self._applied, None, self._failure is not None, False, not self.warm()),
                         self._agree)
         error, self._failure = self._failure, None
         self._windows.last_step_s = figures.step_time_s
         measured = None if figures.failed else figures.rate
         if self.state is CachePhase.WAIT:
-            if measured is not None and self._applied == self.baseline:
+            if measured is not None and self._applied == self.baseline and quiet:
                 self._filling.append((measured, figures.step_time_s * stats.steps, figures.data_wait_frac))
             if not figures.store_cold and self._room():
                 self.state = CachePhase.BEFORE

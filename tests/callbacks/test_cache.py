@@ -148,3 +148,41 @@ def test_the_store_is_warm_at_its_share_of_what_pipeopts_loaders_could_fill():
     assert holds_epoch(stats(3264), 4096, 832)  # all 3,264 the filling loaders could make
     assert not holds_epoch(stats(2000), 4096, 832)
     assert holds_epoch(stats(100, unstored=5), 4096, 0) and not holds_epoch(None, 4096, 0)
+
+
+class WhereMade(SleepyDataset):
+    """Storage-bound items, recording the training step at which each was made in this process (the main one:
+    worker processes record into their own copies)."""
+
+    step = -1
+    made_at: list[int] = []
+
+    def __getitem__(self, i: int):
+        WhereMade.made_at.append(WhereMade.step)
+        return super().__getitem__(i)
+
+
+class _Steps(pl.Callback):
+    def on_train_batch_start(self, trainer, *args):
+        WhereMade.step = trainer.global_step
+
+
+def test_the_samples_drawn_before_the_store_existed_are_made_ahead_and_cached_trials_make_none(monkeypatch, tmp_path):
+    """The user's loader drew the fit's first batches before the store existed; the cache's first trial, reading in
+    the main process, would make each of those in line with the step. They are made ahead in worker processes, and
+    the weights stay those of a run without pipeopt."""
+    data = WhereMade(n=128, delay_s=0.002)
+    plain, _ = fit([], data)
+    _cached_faster(monkeypatch)
+    WhereMade.made_at = []
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
+    tuned, _ = fit([callback, _Steps()], data)
+    report = callback.report
+    first_trial = min(w.first_step for w in report.timeline if w.label.startswith("cache trial"))
+    assert [step for step in WhereMade.made_at if step >= first_trial] == []  # all from the store
+    made_ahead = [n for n in report.notes if "made ahead" in n]
+    assert len(made_ahead) == 1 and "in 1 worker process" in made_ahead[0], report.notes
+    assert [c.knob for c in report.changes] == ["cache"] and tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+    assert psutil.Process().children() == []

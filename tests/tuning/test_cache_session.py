@@ -234,3 +234,29 @@ def test_too_little_waited_for_a_window_before_measures_one():
     session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.6, rate_rel_se=0.01))  # 1 s of waiting
     session.on_step_end()
     assert labels[-1] == "cache: before" and session.before is None and switcher.switches == []
+
+
+def test_windows_that_ran_beside_the_backfill_are_not_pooled_into_the_window_before():
+    """The store's missing items are made in the background before the cache is tried: the windows measured
+    meanwhile are not the settings in place alone (their rate reads low), so the window before pools only the quiet
+    ones - and measures one of its own when those span too little."""
+    def before(quiet_flags, rates, min_window_s):
+        labels: list[str] = []
+        switcher = FakeSwitcher()
+        switcher.current = EIGHT
+        seen = {"n": 0}
+        flags = iter(quiet_flags)
+        session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                              min_window_s=min_window_s),
+                               warm=lambda: seen["n"] >= len(rates), fills=lambda: True, quiet=lambda: next(flags))
+        session.begin(0.6)
+        for rate in rates:  # 1 s windows (10 steps of 100 ms)
+            session.on_window(make_window(samples_per_s=rate, data_wait_frac=0.6, rate_rel_se=0.01))
+            seen["n"] += 1
+            session.on_step_end()
+        return session.before, labels
+
+    rate, _ = before([True, True, False, False], [400.0, 400.0, 100.0, 100.0], 2.0)
+    assert rate is not None and rate.value == 400.0  # the two quiet windows, not the two beside the backfill
+    rate, labels = before([True, False, False], [400.0, 100.0, 100.0], 2.0)
+    assert rate is None and labels[-1] == "cache: before"  # one quiet second spans too little: a window of its own
