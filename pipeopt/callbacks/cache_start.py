@@ -19,6 +19,7 @@ from pipeopt.apply.backfill import Backfill
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
 from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
 from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats
+from pipeopt.callbacks.loader_start import steps_left
 from pipeopt.config import PipeOptConfig
 from pipeopt.measure.window import WindowMeter
 from pipeopt.report.model import SampleCacheFigures
@@ -80,14 +81,14 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
 
     # Windows at least CACHE_WINDOW_S_FACTOR x window_s long: workers that each wait long on storage deliver their
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
-    windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None)
-    planned = _lightning.planned_steps(trainer)
+    left = steps_left(trainer)
+    windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None, steps_left=left)
     # The loader search stops once the store holds an epoch of whole items: more workers would only share work the
     # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False),
                            say=said, prepare=prepare,
-                           steps_left=lambda: None if planned is None else planned - trainer.global_step,
+                           steps_left=left,
                            alone_first=split.whole, quiet=ahead.quiet)
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:

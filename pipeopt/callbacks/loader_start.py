@@ -80,10 +80,11 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     memory = WorkerMemory.measure(agree)
     budget = Budget(cpus=cpus, memory_bytes=memory.available, cuda=cuda, more_epochs=more_epochs_ahead(trainer),
                     may_change_workers="loader" in groups, dali=dali, training_mem_bytes=memory.training)
-    windows = TrialWindows(meter.reset, config.window, config.window_s, _epoch_steps(trainer))
+    left = steps_left(trainer)
+    windows = TrialWindows(meter.reset, config.window, config.window_s, _epoch_steps(trainer), steps_left=left)
     session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, windows=windows, clock=clock,
                             say=say if trainer.is_global_zero else (lambda line: None),
-                            worker_memory=worker_private_memory, agree=agree, steps_left=_steps_left(trainer))
+                            worker_memory=worker_private_memory, agree=agree, steps_left=left)
     start = LoaderStart(session, switcher)
 
     def usable(settings: LoaderSettings | None) -> bool:  # DALI settings only where DALI may be tried now
@@ -108,7 +109,7 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     return start
 
 
-def _steps_left(trainer: Any) -> Callable[[], int | None]:
+def steps_left(trainer: Any) -> Callable[[], int | None]:
     """Optimizer steps the fit has left, read when asked (None: unbounded)."""
     planned = _lightning.planned_steps(trainer)
     return lambda: None if planned is None else planned - trainer.global_step

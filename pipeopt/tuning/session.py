@@ -113,13 +113,20 @@ class TrialWindows:
     last_step_s: float | None = None
     last_rate: float | None = None  # samples/s of the last window, whose steps took ``last_step_s``
     predicted: Callable[[LoaderSettings], float | None] = lambda settings: None  # the loader model's rate
+    steps_left: Callable[[], int | None] = lambda: None  # optimizer steps the fit has left (None: unbounded)
 
     def measure(self, label: str, skip: int, settings: LoaderSettings | None = None) -> None:
-        """Skip ``skip`` steps, then measure windows shaped for ``settings`` (None: the default window)."""
+        """Skip ``skip`` steps, then measure windows shaped for ``settings`` (None: the default window). A window
+        paced in seconds takes at most a third of the steps the fit has left after the skip (a trial and two
+        after-windows; never under ``window`` steps): where a trial ran much faster than the window before it, its
+        after-window - ``min_window_s`` at the new pace - could otherwise outlast the fit and verify nothing."""
         if settings is None:
             self.reset_meter(label, skip, 0, 5)
             return
         length, blocks = self._shape(settings)
+        left = self.steps_left()
+        if left is not None and blocks == 5:  # (whole-epoch windows are sized by epochs, not seconds)
+            length = max(self.window, settings.in_flight, min(length, (left - skip) // 3))
         self.reset_meter(label, skip, length, blocks)
 
     def trial_steps(self, applied: LoaderSettings, candidate: LoaderSettings,

@@ -261,3 +261,25 @@ def test_the_session_sizes_a_trial_by_the_models_prediction():
     label, length = shapes[-1]
     assert label.startswith("trial: num_workers=2") and s.search.predictions[s._trial] == 200.0
     assert length == 60  # 3 s at the predicted pace, twice the before-window's
+
+
+def test_a_window_paced_in_seconds_takes_at_most_a_third_of_what_the_fit_has_left():
+    """After a trial much faster than the window before it, an after-window of ``min_window_s`` at the new pace can
+    be thousands of steps: it is cut to a third of the steps left after its skip (never under ``window``), so the
+    fit closes it and the change is verified."""
+    shapes: list[tuple] = []
+    left = {"steps": 3000}
+    windows = TrialWindows(lambda label, skip, length, blocks: shapes.append((label, skip, length)), window=20,
+                           min_window_s=3.0, steps_left=lambda: left["steps"])
+    windows.last_step_s = 0.0006  # the trial ran at ~0.6 ms a step: 3 s is 5,000 steps
+    settings = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+    windows.measure("after", 0, settings)
+    assert shapes[-1] == ("after", 0, 1000)
+    windows.measure("after", 30, settings)
+    assert shapes[-1] == ("after", 30, 990)
+    left["steps"] = 45
+    windows.measure("after", 0, settings)
+    assert shapes[-1] == ("after", 0, 20)  # never under `window`
+    windows.steps_left = lambda: None  # an unbounded fit: seconds at the pace, as before
+    windows.measure("after", 0, settings)
+    assert shapes[-1] == ("after", 0, 5000)
