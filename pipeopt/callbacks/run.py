@@ -118,6 +118,8 @@ class TuningRun:
         self._ledger.epoch_started(self.switcher is not None and self.switcher.current.cache)
         if self.batch is not None:
             self.batch.epoch_started()
+        if self.sample_cache is not None:
+            self.sample_cache.epoch_started()
 
     def epoch_ended(self, epoch: int) -> None:
         if self.switcher is not None:

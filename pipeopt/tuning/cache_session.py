@@ -66,9 +66,9 @@ class CacheSession:
                  prepare: Callable[[], str | None] = lambda: None, alone_first: bool = False,
                  holds_epoch: Callable[[], bool] | None = None, quiet: Callable[[], bool] = lambda: True) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
-        self._quiet = quiet  # nothing of pipeopt's ran beside the settings in place in the window just ended
+        # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended
+        self._quiet, self._alone_first = quiet, alone_first
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
-        self._alone_first = alone_first
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
@@ -81,8 +81,7 @@ class CacheSession:
         self._failure: BaseException | None = None
         self.before: Rate | None = None
         self.after: WindowStats | None = None  # the after-window of a kept cache: measured after every change
-        self.trials: list[CacheTrial] = []
-        self._after: list[Rate] = []
+        self.trials, self._after = list[CacheTrial](), list[Rate]()
         self.chosen: CacheTrial | None = None
         self.outcome = Outcome()
 
@@ -118,6 +117,13 @@ class CacheSession:
             self._switcher.switch(self.baseline)
             self._switcher.settle()
         self._windows.measure("filling the sample cache", self.baseline.in_flight)
+        self.epoch_started()
+
+    def epoch_started(self) -> None:
+        """At an epoch's start (and the wait's): ``warm`` is asked now, not at the next window's end, so that what it
+        waits for (``apply.backfill``) starts at once."""
+        if self.started and self.state is CachePhase.WAIT:
+            self.warm()
 
     def on_window(self, stats: WindowStats) -> None:
         if self.started and self.state is not CachePhase.DONE:
@@ -287,13 +293,7 @@ class CacheSession:
         """The outcome, saying so when the fit ended while the cache was still being measured."""
         if not self.measuring:
             return self.outcome
-        if self.state is CachePhase.WAIT:
-            why = "the fit ended before the store held an epoch: the cache was not tried"
-        elif self.state is CachePhase.AFTER and self.chosen is not None:
-            why = (f"the fit ended before the after-window of {self.chosen.settings.describe()} closed: it was in "
-                   "place for the end of the fit, unverified, and is not reported as kept")
-        else:
-            why = f"the fit ended while the cache was being tried; it ended on {self._applied.describe()}"
+        why = ended_early(self.state, self.chosen, self._applied)
         return Outcome(list(self.outcome.changes), list(self.outcome.suggestions), [why, *self.outcome.notes])
 
     @property
@@ -307,6 +307,16 @@ class CacheSession:
     @property
     def trial_speedup(self) -> float | None:
         return best_speedup(self.trials, self.before)
+
+
+def ended_early(state: CachePhase, chosen: CacheTrial | None, applied: LoaderSettings) -> str:
+    """What the report says of a fit that ended while the cache session was in ``state``."""
+    if state is CachePhase.WAIT:
+        return "the fit ended before the store held an epoch: the cache was not tried"
+    if state is CachePhase.AFTER and chosen is not None:
+        return (f"the fit ended before the after-window of {chosen.settings.describe()} closed: it was in place for "
+                "the end of the fit, unverified, and is not reported as kept")
+    return f"the fit ended while the cache was being tried; it ended on {applied.describe()}"
 
 
 def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, before: Rate) -> list[Change]:

@@ -260,3 +260,23 @@ def test_windows_that_ran_beside_the_backfill_are_not_pooled_into_the_window_bef
     assert rate is not None and rate.value == 400.0  # the two quiet windows, not the two beside the backfill
     rate, labels = before([True, False, False], [400.0, 100.0, 100.0], 2.0)
     assert rate is None and labels[-1] == "cache: before"  # one quiet second spans too little: a window of its own
+
+
+def test_waiting_asks_warm_at_once_and_at_each_epoch_start_not_only_at_window_ends():
+    """``warm`` starts what it waits for (the store's missing items, made ahead): asked when the wait begins and at
+    every epoch start while waiting, that work starts there rather than a window later; not once the session is
+    done."""
+    asked: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None),
+                           warm=lambda: asked.append("warm") or False, fills=lambda: True)
+    session.epoch_started()
+    assert asked == []  # not begun: the other groups are still measuring
+    session.begin(0.6)
+    assert asked == ["warm"]
+    session.epoch_started()
+    assert asked == ["warm", "warm"]
+    session.state = "done"
+    session.epoch_started()
+    assert asked == ["warm", "warm"]
