@@ -35,7 +35,6 @@ class Items(Dataset):
 
 
 def _mark_worker(worker_id: int) -> None:  # the user's worker_init_fn: runs in each backfill worker
-    os.environ["PIPEOPT_TEST_WORKER"] = str(worker_id)
     (torch.utils.data.get_worker_info().dataset.cached.split.dataset.marks / f"init-{worker_id}").touch()
 
 
