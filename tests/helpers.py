@@ -97,6 +97,22 @@ def controlled_wait(monkeypatch: Any, wait_frac: float) -> None:
     monkeypatch.setattr(noise, "window_wait", lambda stats, in_place: wait_frac)
 
 
+def synchronous_backfill(monkeypatch: Any) -> None:
+    """Run the sample cache's backfill (``pipeopt.apply.backfill``) to its end where it starts, in worker processes as
+    always: when the cache is tried then no longer depends on how long those workers take, so two fits meant to
+    switch loaders at the same steps do (with random augmentation in workers, the step of a switch decides which
+    worker draws for which sample). The fit, its data and what is stored stay real."""
+    import time
+
+    from pipeopt.apply.backfill import Backfill
+
+    def start(self: Any) -> None:
+        self.started_at = time.perf_counter()
+        self._run(iter(self._loader))
+
+    monkeypatch.setattr(Backfill, "start", start)
+
+
 def quiet_trainer_kwargs(**overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         accelerator="cpu",

@@ -14,7 +14,7 @@ from pipeopt._torchvision import flatten as flat
 from pipeopt.apply import sample_store
 from pipeopt.apply.sample_cache import FolderSplit, plan, refusal
 from tests.dali.images import Classifier, smooth_folder, torchvision
-from tests.helpers import controlled_rates, controlled_wait, quiet_pipeopt, quiet_trainer_kwargs
+from tests.helpers import controlled_rates, controlled_wait, quiet_pipeopt, quiet_trainer_kwargs, synchronous_backfill
 
 T = torchvision.transforms
 V2 = pytest.importorskip("torchvision.transforms.v2")
@@ -130,6 +130,7 @@ def test_random_augmentation_in_the_main_process_trains_bit_identically_to_a_run
 def test_random_augmentation_in_workers_draws_the_same_numbers_with_the_store_read_or_not(images, monkeypatch,
                                                                                           tmp_path):
     _cached_faster(monkeypatch)
+    synchronous_backfill(monkeypatch)  # both fits try the cache at the same step, however long its backfill takes
     callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path / "read", cache=False)
     read = fit([callback], images, workers=2)
     assert callback.report.sample_cache.epochs[-1]["hit_rate"] == 1.0
