@@ -50,7 +50,7 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
     # The epoch the store was made in (no sample it holds is drawn again before the next), and the samples that
     # epoch drew before it: made by the user's loader, they can only be stored when next drawn
-    made = {"epoch": 0, "before": 0}
+    made = {"epoch": 0, "before": 0, "drawn": 0}  # "before" counts at most half an epoch against warmth
 
     def held_enough() -> bool:
         return holds_epoch(switcher.cache.store.stats() if switcher.cache is not None else None, per_epoch,
@@ -67,14 +67,14 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
             if not held_enough():  # a kept store may be warm already
                 size = _samples_per_epoch(trainer, user, len(split)) / max(1, trainer.num_training_batches or 1)
                 drawn = _lightning.batches_this_epoch(trainer) * size * max(1, trainer.num_devices)
-                made.update(epoch=trainer.current_epoch, before=min(int(drawn), per_epoch // 2))
+                made.update(epoch=trainer.current_epoch, before=min(int(drawn), per_epoch // 2), drawn=int(drawn))
             else:
                 made["epoch"] = -1
         return why
 
     said = say if trainer.is_global_zero else (lambda line: None)
     ahead = StoreCompletion(trainer, switcher, say=said, note=lambda line: session.outcome.notes.append(line),
-                            most=lambda: max(made["before"], int((1 - WARM_SHARE) * per_epoch)))  # see the class
+                            most=lambda: max(made["drawn"], int((1 - WARM_SHARE) * per_epoch)))  # see the class
 
     def warm() -> bool:  # not in the epoch that made the store: the samples it has still to draw are not in it
         return trainer.current_epoch > made["epoch"] and held_enough() and ahead.done()

@@ -186,3 +186,44 @@ def test_the_samples_drawn_before_the_store_existed_are_made_ahead_and_cached_tr
     for name, value in plain.state_dict().items():
         assert torch.equal(value, tuned.state_dict()[name]), name
     assert psutil.Process().children() == []
+
+
+def test_the_backfill_makes_this_ranks_share_of_what_is_missing_and_only_when_that_is_the_early_samples(tmp_path):
+    """What the store misses is made ahead only when it is no more than ``most`` (the samples drawn before the store
+    existed): a sampler that draws a part of the data set each epoch leaves more missing, and those are made when
+    drawn. The node's ranks split what is missing."""
+    import time
+    from types import SimpleNamespace
+
+    from pipeopt.apply.sample_cache import SampleCache, plan
+    from pipeopt.apply.sample_store import SampleStore
+    from pipeopt.callbacks.cache_start import StoreCompletion
+    from pipeopt.tuning.loader_search import LoaderSettings
+
+    def completion(most, *, local_rank=0, devices=1):
+        data = SleepyDataset(n=40, delay_s=0.0)
+        split = plan(data)
+        cache = SampleCache(split, SampleStore(tmp_path / f"s{most}-{local_rank}", len(split), 1 << 20))
+        reader = cache.dataset(read=True)
+        for i in range(30):
+            reader[i]  # 30 of 40 stored: 30..39 miss
+        switcher = SimpleNamespace(cache=cache, user=DataLoader(data, batch_size=4),
+                                   current=LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True,
+                                                          pin_memory=False))
+        notes: list[str] = []
+        ahead = StoreCompletion(SimpleNamespace(local_rank=local_rank, num_devices=devices), switcher,
+                                most=lambda: most, say=lambda line: None, note=notes.append)
+        deadline = time.monotonic() + 60
+        while not ahead.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        missing = cache.store.missing()
+        cache.close()
+        return missing, notes
+
+    missing, notes = completion(10)
+    assert missing == [] and len(notes) == 1 and notes[0].startswith("10 of the 10 samples the store missed were made "
+                                                                      "ahead of the cache's trials, in 2 worker")
+    assert completion(9) == (list(range(30, 40)), [])  # more missing than the early samples: made when drawn
+    missing, notes = completion(10, local_rank=1, devices=2)
+    assert missing == list(range(30, 40, 2)) and notes[0].startswith("5 of the 5 samples")  # rank 1's half
+    assert psutil.Process().children() == []
