@@ -65,9 +65,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
             name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
             switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
             if not held_enough():  # a kept store may be warm already
-                size = _samples_per_epoch(trainer, user, len(split)) / max(1, trainer.num_training_batches or 1)
-                drawn = _lightning.batches_this_epoch(trainer) * size * max(1, trainer.num_devices)
-                made.update(epoch=trainer.current_epoch, before=min(int(drawn), per_epoch // 2), drawn=int(drawn))
+                drawn, queued = _drawn_so_far(trainer, user, len(split), switcher.current)
+                made.update(epoch=trainer.current_epoch, before=min(drawn, per_epoch // 2), drawn=drawn + queued)
             else:
                 made["epoch"] = -1
         return why
@@ -190,6 +189,14 @@ def holds_epoch(stats: StoreStats | None, per_epoch: int, unfillable: int) -> bo
     """The store holds ``WARM_SHARE`` of what an epoch draws, less the ``unfillable`` samples the first epoch drew
     before it was made (or its budget is spent)."""
     return stats is not None and (stats.full or stats.stored >= WARM_SHARE * (per_epoch - unfillable))
+
+
+def _drawn_so_far(trainer: Any, user: Any, length: int, current: LoaderSettings) -> tuple[int, int]:
+    """The samples the node's ranks trained so far this epoch, and those the loader in place has drawn from the
+    samplers but not delivered yet (its in-flight batches: a loader that does not fill the store makes them)."""
+    size = _samples_per_epoch(trainer, user, length) / max(1, trainer.num_training_batches or 1)
+    ranks = max(1, trainer.num_devices)
+    return int(_lightning.batches_this_epoch(trainer) * size * ranks), int(current.in_flight * size * ranks)
 
 
 def _samples_per_epoch(trainer: Any, user: Any, length: int) -> int:
