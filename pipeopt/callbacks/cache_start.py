@@ -45,12 +45,12 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     found = _cacheable(trainer, short=None if resuming else short, more_epochs=more_epochs or resuming)
     if isinstance(found, str):
         return found
-    user, split = found
     switcher = switcher or LoaderSwitcher(trainer)
+    user, split = switcher.user, found[1]  # the user's own loader: the one in place may be pipeopt's already
     per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
     # The epoch the store was made in (no sample it holds is drawn again before the next), and the samples that
     # epoch drew before it: made by the user's loader, they can only be stored when next drawn
-    made = {"epoch": 0, "before": 0, "drawn": 0}  # "before" counts at most half an epoch against warmth
+    made = {"epoch": 0, "before": 0}
 
     def held_enough() -> bool:
         return holds_epoch(switcher.cache.store.stats() if switcher.cache is not None else None, per_epoch,
@@ -65,15 +65,16 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
             name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
             switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
             if not held_enough():  # a kept store may be warm already
-                drawn, queued = _drawn_so_far(trainer, user, len(split), switcher.current)
-                made.update(epoch=trainer.current_epoch, before=min(drawn, per_epoch // 2), drawn=drawn + queued)
+                size = _samples_per_epoch(trainer, user, len(split)) / max(1, trainer.num_training_batches or 1)
+                drawn = _lightning.batches_this_epoch(trainer) * size * max(1, trainer.num_devices)
+                made.update(epoch=trainer.current_epoch, before=min(int(drawn), per_epoch // 2))
             else:
                 made["epoch"] = -1
         return why
 
     said = say if trainer.is_global_zero else (lambda line: None)
     ahead = StoreCompletion(trainer, switcher, say=said, note=lambda line: session.outcome.notes.append(line),
-                            most=lambda: max(made["drawn"], int((1 - WARM_SHARE) * per_epoch)))  # see the class
+                            draws_all=per_epoch >= len(split))
 
     def warm() -> bool:  # not in the epoch that made the store: the samples it has still to draw are not in it
         return trainer.current_epoch > made["epoch"] and held_enough() and ahead.done()
@@ -138,11 +139,12 @@ class StoreCompletion:
     the epoch that made it drew before it existed - and whether a window overlapped that work (its rate is then
     not the settings in place alone, and it is not pooled into the cache's window before)."""
 
-    def __init__(self, trainer: Any, switcher: LoaderSwitcher, *, most: Callable[[], int],
-                 say: Callable[[str], None], note: Callable[[str], None]) -> None:
-        """``most``: the most missing items it makes (more: a sampler that draws a part of the data set each epoch);
-        ``say``: a console line; ``note``: a line in the report."""
-        self._trainer, self._switcher, self._most, self._say, self.note = trainer, switcher, most, say, note
+    def __init__(self, trainer: Any, switcher: LoaderSwitcher, *, draws_all: bool, say: Callable[[str], None],
+                 note: Callable[[str], None]) -> None:
+        """``draws_all``: an epoch of the node's ranks draws every sample of the data set, so every missing one is
+        drawn in the next (a sampler that draws a part leaves the rest to be made when drawn: nothing is made
+        ahead); ``say``: a console line; ``note``: a line in the report."""
+        self._trainer, self._switcher, self._draws_all, self._say, self.note = trainer, switcher, draws_all, say, note
         self.job: Backfill | None = None
         self._begun, self._reported = False, False
         self._since: float | None = None  # when ``quiet`` was last asked: the end of the window before
@@ -162,11 +164,9 @@ class StoreCompletion:
 
     def _begin(self) -> None:
         cache = self._switcher.cache
-        if cache is None or cache.store.stats().full:  # a store whose budget is spent holds no more
+        if cache is None or not self._draws_all or cache.store.stats().full:  # a spent budget holds no more
             return
         missing = cache.store.missing()
-        if len(missing) > self._most():
-            return
         mine = missing[self._trainer.local_rank::max(1, self._trainer.num_devices)]  # the node's ranks share them
         if not mine:
             return
@@ -189,14 +189,6 @@ def holds_epoch(stats: StoreStats | None, per_epoch: int, unfillable: int) -> bo
     """The store holds ``WARM_SHARE`` of what an epoch draws, less the ``unfillable`` samples the first epoch drew
     before it was made (or its budget is spent)."""
     return stats is not None and (stats.full or stats.stored >= WARM_SHARE * (per_epoch - unfillable))
-
-
-def _drawn_so_far(trainer: Any, user: Any, length: int, current: LoaderSettings) -> tuple[int, int]:
-    """The samples the node's ranks trained so far this epoch, and those the loader in place has drawn from the
-    samplers but not delivered yet (its in-flight batches: a loader that does not fill the store makes them)."""
-    size = _samples_per_epoch(trainer, user, length) / max(1, trainer.num_training_batches or 1)
-    ranks = max(1, trainer.num_devices)
-    return int(_lightning.batches_this_epoch(trainer) * size * ranks), int(current.in_flight * size * ranks)
 
 
 def _samples_per_epoch(trainer: Any, user: Any, length: int) -> int:

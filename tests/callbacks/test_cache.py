@@ -188,10 +188,10 @@ def test_the_samples_drawn_before_the_store_existed_are_made_ahead_and_cached_tr
     assert psutil.Process().children() == []
 
 
-def test_the_backfill_makes_this_ranks_share_of_what_is_missing_and_only_when_that_is_the_early_samples(tmp_path):
-    """What the store misses is made ahead only when it is no more than ``most`` (the samples drawn before the store
-    existed): a sampler that draws a part of the data set each epoch leaves more missing, and those are made when
-    drawn. The node's ranks split what is missing."""
+def test_the_backfill_makes_this_ranks_share_of_what_is_missing_when_each_epoch_draws_every_sample(tmp_path):
+    """What the store misses is made ahead only when each epoch draws every sample of the data set - every missing
+    one is then drawn in the next; a sampler that draws a part of it leaves the rest to be made when drawn. The
+    node's ranks split what is missing."""
     import time
     from types import SimpleNamespace
 
@@ -200,10 +200,10 @@ def test_the_backfill_makes_this_ranks_share_of_what_is_missing_and_only_when_th
     from pipeopt.callbacks.cache_start import StoreCompletion
     from pipeopt.tuning.loader_search import LoaderSettings
 
-    def completion(most, *, local_rank=0, devices=1):
+    def completion(draws_all, *, local_rank=0, devices=1):
         data = SleepyDataset(n=40, delay_s=0.0)
         split = plan(data)
-        cache = SampleCache(split, SampleStore(tmp_path / f"s{most}-{local_rank}", len(split), 1 << 20))
+        cache = SampleCache(split, SampleStore(tmp_path / f"s{draws_all}-{local_rank}", len(split), 1 << 20))
         reader = cache.dataset(read=True)
         for i in range(30):
             reader[i]  # 30 of 40 stored: 30..39 miss
@@ -212,7 +212,7 @@ def test_the_backfill_makes_this_ranks_share_of_what_is_missing_and_only_when_th
                                                           pin_memory=False))
         notes: list[str] = []
         ahead = StoreCompletion(SimpleNamespace(local_rank=local_rank, num_devices=devices), switcher,
-                                most=lambda: most, say=lambda line: None, note=notes.append)
+                                draws_all=draws_all, say=lambda line: None, note=notes.append)
         deadline = time.monotonic() + 60
         while not ahead.done() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -220,10 +220,35 @@ def test_the_backfill_makes_this_ranks_share_of_what_is_missing_and_only_when_th
         cache.close()
         return missing, notes
 
-    missing, notes = completion(10)
+    missing, notes = completion(True)
     assert missing == [] and len(notes) == 1 and notes[0].startswith("10 of the 10 samples the store missed were made "
                                                                       "ahead of the cache's trials, in 2 worker")
-    assert completion(9) == (list(range(30, 40)), [])  # more missing than the early samples: made when drawn
-    missing, notes = completion(10, local_rank=1, devices=2)
+    assert completion(False) == (list(range(30, 40)), [])  # an epoch draws a part: made when drawn
+    missing, notes = completion(True, local_rank=1, devices=2)
     assert missing == list(range(30, 40, 2)) and notes[0].startswith("5 of the 5 samples")  # rank 1's half
+    assert psutil.Process().children() == []
+
+
+def test_after_a_tuning_cache_hit_the_epoch_is_counted_in_samples_and_the_missing_ones_are_made_ahead(
+        monkeypatch, tmp_path):
+    """A rerun applies the loader configuration the tuning cache holds before the sample cache starts: the loader
+    in place is then pipeopt's, whose batch sampler names no batch size. The epoch is still counted in the user's
+    samples (it was counted in batches: 16, not 128), so the store's warmth and the backfill see the whole data
+    set."""
+    controlled_rates(monkeypatch, lambda s: (300.0 if getattr(s, "cache", False) else 100.0)
+                     * (2 if getattr(s, "num_workers", 0) else 1))
+    controlled_wait(monkeypatch, 0.5)
+    data = SleepyDataset(n=128, delay_s=0.001)
+
+    def run():
+        callback = quiet_pipeopt(tune=("loader", "cache"), report_dir=tmp_path / "reports",
+                                 cache=tmp_path / "tuning.json")
+        fit([callback], data, epochs=6)
+        return callback.report
+
+    first = run()
+    assert any(c.knob == "num_workers" for c in first.changes), first.notes
+    second = run()
+    assert any("applied the cached loader configuration" in n for n in second.notes), second.notes
+    assert any("made ahead" in n for n in second.notes), second.notes
     assert psutil.Process().children() == []
