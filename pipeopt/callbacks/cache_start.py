@@ -42,11 +42,11 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     user's is called here: the dataset is checked, and the store made, only when pipeopt first switches loaders -
     on every rank at the same step - because the run is input-bound (``prepare``)."""
     resuming = restored is not None and "cache" in restored
-    found = _cacheable(trainer, short=None if resuming else short, more_epochs=more_epochs or resuming)
-    if isinstance(found, str):
-        return found
+    split = _cacheable(trainer, short=None if resuming else short, more_epochs=more_epochs or resuming)
+    if isinstance(split, str):
+        return split
     switcher = switcher or LoaderSwitcher(trainer)
-    user, split = switcher.user, found[1]  # the user's own loader: the one in place may be pipeopt's already
+    user = switcher.user  # the user's own loader: the one in place may be pipeopt's already
     per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
     # The epoch the store was made in (no sample it holds is drawn again before the next), and the samples that
     # epoch drew before it: made by the user's loader, they can only be stored when next drawn
@@ -97,9 +97,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     return session, switcher
 
 
-def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> tuple[Any, Split] | str:
-    """The train loader and how its dataset's items would split - or why the cache cannot run (nothing is
-    fetched)."""
+def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> Split | str:
+    """How the train loader's dataset's items would split - or why the cache cannot run (nothing is fetched)."""
     combined = _lightning.train_combined_loader(trainer)
     flattened = list(combined.flattened) if combined is not None else []
     if len(flattened) != 1:
@@ -111,8 +110,7 @@ def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> tuple[A
         return short
     if not more_epochs:
         return "a sample cache pays from the second epoch on, and this fit ends in its first"
-    split = plan(flattened[0].dataset)
-    return split if isinstance(split, str) else (flattened[0], split)
+    return plan(flattened[0].dataset)
 
 
 def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> SampleStore:
