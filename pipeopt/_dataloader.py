@@ -6,6 +6,7 @@ workers' deaths reach pipeopt instead of the main thread. A torch upgrade that r
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,38 @@ def take_index_stream(iterator: Any) -> Any:
     stream = iterator._sampler_iter
     iterator._sampler_iter = iter(())
     return stream
+
+
+def order_fixed(iterator: Any) -> bool:
+    """Whether the rest of a running DataLoader iterator's epoch is already decided, so that reading its index stream
+    ahead changes nothing: torch's own (batch) samplers, exactly - ``RandomSampler`` on a generator of its own (seeded
+    when the epoch's first index was drawn; a generator of the user's would be drawn from earlier than without
+    pipeopt), ``SequentialSampler``, ``DistributedSampler`` - under torch's ``BatchSampler`` or none, once the epoch's
+    first index was drawn. A sampler of the user's may decide as it goes: it is never read ahead."""
+    from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+
+    index_sampler, stream = getattr(iterator, "_index_sampler", None), getattr(iterator, "_sampler_iter", None)
+    sampler = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
+    started = inspect.isgenerator(stream) and inspect.getgeneratorstate(stream) != inspect.GEN_CREATED
+    if type(sampler) is RandomSampler:
+        return started and sampler.generator is None
+    return started and type(sampler) in (SequentialSampler, DistributedSampler)
+
+
+def epoch_positions(iterator: Any) -> list[int] | None:
+    """Every position a running DataLoader iterator's epoch draws (in no particular order), for the samplers of
+    ``order_fixed`` that draw each position once; None for the others (``RandomSampler`` with replacement or
+    another ``num_samples``)."""
+    from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler
+
+    index_sampler = getattr(iterator, "_index_sampler", None)
+    sampler = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
+    if type(sampler) is DistributedSampler:  # its order is a function of its seed and epoch: read again, unchanged
+        return list(iter(sampler))
+    length = len(sampler)  # SequentialSampler: the dataset's; RandomSampler: its num_samples
+    if type(sampler) is RandomSampler and (sampler.replacement or length != len(iterator._dataset)):
+        return None
+    return list(range(length))
 
 
 def shutdown_iterator(iterator: Any) -> None:

@@ -53,14 +53,15 @@ class Backfill:
     """Makes and stores the cached part of ``positions`` in ``workers`` processes like the user's loader ``like``;
     ``start()`` forks them (call it from the training loop's thread), a thread takes their results."""
 
-    def __init__(self, cached: CachedDataset, positions: Sequence[int], *, like: DataLoader, workers: int) -> None:
+    def __init__(self, cached: CachedDataset, positions: Sequence[int], *, like: DataLoader, workers: int,
+                 what: str = "samples the store missed") -> None:
         if workers < 1:
             raise ValueError(f"a backfill makes items in worker processes: workers must be >= 1 (got {workers})")
         self._loader = loader_like(like, dataset=_Fill(cached, positions), sampler=range(len(positions)),
                                    batch_size=None, collate_fn=_as_is, num_workers=workers, pin_memory=False,
                                    prefetch_factor=2, persistent_workers=False, timeout=TIMEOUT_S,
                                    generator=torch.Generator().manual_seed(0))
-        self.total, self.workers = len(positions), workers
+        self.total, self.workers, self.what = len(positions), workers, what
         self.made = 0  # positions the workers finished
         self.error: BaseException | None = None  # what stopped it early (a worker failed or hung)
         self.started_at: float | None = None  # time.perf_counter() when the workers were started
@@ -96,7 +97,7 @@ class Backfill:
         seconds = (self.ended_at or 0.0) - (self.started_at or 0.0)
         end = "" if self.error is None else \
             f"; it stopped early ({type(self.error).__name__}): the rest are made when the sampler draws them"
-        return (f"{self.made} of the {self.total} samples the store missed were made ahead of the cache's trials, "
+        return (f"{self.made} of the {self.total} {self.what} were made ahead of the cache's trials, "
                 f"in {self.workers} worker process(es), in {seconds:.1f} s{end}")
 
     def stop(self, timeout_s: float = 30.0) -> None:

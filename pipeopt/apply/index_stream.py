@@ -16,10 +16,12 @@ import torch
 
 class IndexStream(Iterator[Any]):
     """Index batches handed out once each. Those handed to a loader whose workers then failed (dispatched, never
-    delivered) are handed out again, first and in order, by ``recover()``."""
+    delivered) are handed out again, first and in order, by ``recover()``. ``read_ahead``: the source's order is
+    already decided (``_dataloader.order_fixed``) - it is read at once, and ``ahead()`` knows what is still to come."""
 
-    def __init__(self, source: Iterable[Any]) -> None:
-        self._source = iter(source)
+    def __init__(self, source: Iterable[Any], *, read_ahead: bool = False) -> None:
+        self._rest: collections.deque[Any] | None = collections.deque(source) if read_ahead else None
+        self._source: Iterator[Any] = iter(()) if self._rest is not None else iter(source)
         self._returned: collections.deque[Any] = collections.deque()
         self._in_flight: collections.deque[Any] = collections.deque()
         self.epoch_over = False  # its epoch ended: a loader that never started on it begins with its own epoch
@@ -28,9 +30,26 @@ class IndexStream(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        item = self._returned.popleft() if self._returned else next(self._source)
+        if self._returned:
+            item = self._returned.popleft()
+        elif self._rest is not None:
+            if not self._rest:
+                raise StopIteration
+            item = self._rest.popleft()
+        else:
+            item = next(self._source)
         self._in_flight.append(item)
         return item
+
+    def ahead(self) -> list[int] | None:
+        """The sample positions not yet delivered - dispatched, handed back or still to come - or None where the
+        source is not read ahead."""
+        if self._rest is None:
+            return None
+        positions: list[int] = []
+        for batch in (*self._in_flight, *self._returned, *self._rest):
+            positions.extend(batch if isinstance(batch, (list, tuple)) else [batch])
+        return positions
 
     def delivered(self) -> None:
         """The oldest dispatched batch reached the training loop (loaders deliver in dispatch order)."""

@@ -76,8 +76,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     ahead = StoreCompletion(trainer, switcher, say=said, note=lambda line: session.outcome.notes.append(line),
                             draws_all=per_epoch >= len(split))
 
-    def warm() -> bool:  # not in the epoch that made the store: the samples it has still to draw are not in it
-        return trainer.current_epoch > made["epoch"] and held_enough() and ahead.done()
+    def warm() -> bool:  # not in the epoch that made the store (what it drew before the store may be made in it)
+        return held_enough() and ahead.done() if trainer.current_epoch > made["epoch"] else ahead.early()
 
     # Windows at least CACHE_WINDOW_S_FACTOR x window_s long: workers that each wait long on storage deliver their
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
@@ -86,10 +86,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     # The loader search stops once the store holds an epoch of whole items: more workers would only share work the
     # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
-                           holds_epoch=held_enough if split.whole else (lambda: False),
-                           say=said, prepare=prepare,
-                           steps_left=left,
-                           alone_first=split.whole, quiet=ahead.quiet)
+                           holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
+                           steps_left=left, alone_first=split.whole, quiet=ahead.quiet)
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
         kept = restored["cache"]
@@ -135,7 +133,9 @@ def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> Sample
 class StoreCompletion:
     """Before the cache is tried: the items the store misses, made in the background (``Backfill``) - the samples
     the epoch that made it drew before it existed - and whether a window overlapped that work (its rate is then
-    not the settings in place alone, and it is not pooled into the cache's window before)."""
+    not the settings in place alone, and it is not pooled into the cache's window before). Where that epoch's order
+    is known ahead (``LoaderSwitcher.drawn_for_good``), they are made in it, while it draws the rest (``early``);
+    what is still missing at the next epoch's start, then (``done``)."""
 
     def __init__(self, trainer: Any, switcher: LoaderSwitcher, *, draws_all: bool, say: Callable[[str], None],
                  note: Callable[[str], None]) -> None:
@@ -143,44 +143,61 @@ class StoreCompletion:
         drawn in the next (a sampler that draws a part leaves the rest to be made when drawn: nothing is made
         ahead); ``say``: a console line; ``note``: a line in the report."""
         self._trainer, self._switcher, self._draws_all, self._say, self.note = trainer, switcher, draws_all, say, note
-        self.job: Backfill | None = None
-        self._begun, self._reported = False, False
+        self.jobs: list[Backfill] = []
+        self._early_asked, self._begun, self._reported = False, False, 0
         self._since: float | None = None  # when ``quiet`` was last asked: the end of the window before
 
+    def early(self) -> bool:
+        """In the epoch that made the store (once): make the samples it drew and will not draw again. False: the
+        store is not warm in that epoch."""
+        if self._early_asked:
+            return False
+        self._early_asked = True
+        cache, drawn = self._switcher.cache, self._switcher.drawn_for_good()
+        if cache is not None and drawn is not None and self._fillable():
+            missing = set(cache.store.missing())
+            self._start([p for p in drawn if p in missing],
+                        "samples the epoch that made the store drew before it existed, while that epoch drew the rest")
+        return False
+
     def done(self) -> bool:
-        """Nothing is left to make before the cache is tried; the first call starts the work."""
+        """Nothing is left to make before the cache is tried; the first call (once ``early``'s work ended) starts
+        the work on what the store still misses."""
+        if any(job.running for job in self.jobs):
+            return False
         if not self._begun:
             self._begun = True
-            self._begin()
-        job = self.job
-        if job is not None and job.running:
-            return False
-        if job is not None and not self._reported:
-            self._reported = True
+            cache = self._switcher.cache
+            if cache is not None and self._fillable():
+                missing = cache.store.missing()
+                mine = missing[self._trainer.local_rank::max(1, self._trainer.num_devices)]  # the ranks share them
+                self._start(mine, "samples the store missed")
+            if any(job.running for job in self.jobs):
+                return False
+        for job in self.jobs[self._reported:]:
             self.note(job.describe())
+        self._reported = len(self.jobs)
         return True
 
-    def _begin(self) -> None:
+    def _fillable(self) -> bool:  # a spent budget holds no more; a sampler that draws a part leaves the rest
         cache = self._switcher.cache
-        if cache is None or not self._draws_all or cache.store.stats().full:  # a spent budget holds no more
+        return cache is not None and self._draws_all and not cache.store.stats().full
+
+    def _start(self, positions: list[int], what: str) -> None:
+        cache = self._switcher.cache
+        if cache is None or not positions:
             return
-        missing = cache.store.missing()
-        mine = missing[self._trainer.local_rank::max(1, self._trainer.num_devices)]  # the node's ranks share them
-        if not mine:
-            return
-        workers = max(1, min(self._switcher.current.num_workers, len(mine)))
-        self.job = Backfill(cache.dataset(read=False), mine, like=self._switcher.user, workers=workers)
-        self.job.start()
-        cache.on_close.append(self.job.stop)
-        self._say(f"making the {len(missing)} samples the store misses ahead, in {workers} worker process(es)")
+        workers = max(1, min(self._switcher.current.num_workers, len(positions)))
+        job = Backfill(cache.dataset(read=False), positions, like=self._switcher.user, workers=workers, what=what)
+        job.start()
+        self.jobs.append(job)
+        cache.on_close.append(job.stop)
+        self._say(f"making {len(positions)} {what} ahead, in {workers} worker process(es)")
 
     def quiet(self) -> bool:
         """Whether the window that ended now - since the last call - ran with no backfill beside it."""
         since, self._since = self._since, time.perf_counter()
-        job = self.job
-        if job is None:
-            return True
-        return job.ended_at is not None and since is not None and job.ended_at <= since
+        return all(job.ended_at is not None and since is not None and job.ended_at <= since for job in self.jobs)
 
 
 def holds_epoch(stats: StoreStats | None, per_epoch: int, unfillable: int) -> bool:

@@ -23,6 +23,7 @@ from pipeopt.report.fit import fit_and_cost, time_and_cost
 from pipeopt.report.model import Report, Skipped
 from pipeopt.tuning.agreement import ReduceMax
 from pipeopt.tuning.cache_session import CacheSession
+from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.session import LoaderSession
 
 
@@ -153,13 +154,21 @@ class TuningRun:
         if cache is not None and not cache.started and self._cache_turn():
             search = self.session.search if self.session is not None else None
             filler = search.best_dataloader().settings if search is not None else None
-            cache.begin(search.baseline.data_wait_frac if search is not None else None, filler)
+            cache.begin(search.baseline.data_wait_frac if search is not None else None, filler, self._loader_windows())
         if plan is not None and plan.state == "waiting":
             reason = plan.begin(trainer, windows)
             if reason is not None:
                 self.skip("batch", reason)
         if precision is not None and precision.state == "waiting" and (plan is None or plan.decided):
             precision.begin(windows)
+
+    def _loader_windows(self) -> list[tuple[Rate, float, float]]:
+        """The loader search's windows of the settings in place (rate, s, wait) - none once the batch plan or precision
+        changed the step: they measured another one."""
+        session, switcher, groups = self.session, self.switcher, (self.batch, self.precision)
+        if session is None or switcher is None or any(g.outcome().changes for g in groups if g is not None):
+            return []
+        return [(rate, s, wait) for applied, rate, s, wait in session.measured if applied == switcher.current]
 
     def _cache_turn(self) -> bool:
         """The sample cache goes last: once the batch plan and precision are decided."""

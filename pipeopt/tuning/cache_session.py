@@ -5,10 +5,10 @@ groups are done, this session makes sure the loader in place is one of those (th
 every rank - until the store holds the samples an epoch needs (``warm``: what it still misses made ahead, too; the
 windows measured beside that work are not ``quiet`` and are not pooled). Then, on the live run:
 
-1. a window of the settings in place (``before``), not reading from the store: the last windows measured while
-   waiting (the settings in place, filling it), pooled until they span a trial's length - so the warm epoch is not
-   spent on one more window of the slow settings; a window of its own when they do not yet, or under DALI (whose
-   loader does not fill the store);
+1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
+   by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
+   epoch is not spent on one more window of the slow settings; a window of its own when they do not yet, or under
+   DALI (whose loader does not fill the store);
 2. a trial reading from the store with the same workers;
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -74,8 +74,7 @@ class CacheSession:
         self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
         self.state, self.started = CachePhase.WAIT, False
         self.baseline: LoaderSettings = switcher.current
-        self._cached_base: LoaderSettings = switcher.current  # what a cached trial changes (the filler under DALI)
-        self._applied: LoaderSettings = switcher.current
+        self._cached_base = self._applied = switcher.current  # (what a cached trial changes: under DALI the filler)
         self._pending: WindowStats | None = None
         self._filling: list[tuple[Rate, float, float]] = []  # the settings in place while waiting: rate, s, wait
         self._failure: BaseException | None = None
@@ -92,11 +91,12 @@ class CacheSession:
         if prepare is not None:
             self.refused = prepare()
 
-    def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None) -> None:
-        """The other groups are done: fill with the settings in place (on a loader of pipeopt's) - or, when DALI is
-        in place, with ``filler`` (the best DataLoader setting measured) - then wait; unless the loader search found
-        the run compute-bound (``data_wait_frac``: its before-window's wait)."""
-        self.started, self.baseline = True, self._switcher.current
+    def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None,
+              measured: Iterable[tuple[Rate, float, float]] = ()) -> None:
+        """The other groups are done: fill with the settings in place (on a loader of pipeopt's; under DALI, with
+        ``filler``, the best DataLoader setting measured), then wait - unless the loader search found the run
+        compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place (rate, s, wait)."""
+        self.started, self.baseline, self._filling = True, self._switcher.current, list(measured)
         self._applied = self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
             self._finish(_compute_bound(data_wait_frac))

@@ -226,12 +226,12 @@ class LoaderSession:
         self.before: WindowStats | None = None
         self.after: WindowStats | None = None
         self.chosen: Trial | None = None
-        self.changes: list[Change] = []
-        self.notes: list[str] = []
+        self.changes, self.notes = list[Change](), list[str]()
         self.from_cache = False
         self._cached: CachedCheck | None = None
         self.store_warm: Callable[[], bool] = lambda: False  # the sample cache's store holds an epoch (this rank)
         self.store_warm_agreed = False  # ... on every rank: the search stops (the cache may remove the work)
+        self.measured: list[tuple[LoaderSettings, Rate, float, float]] = []  # every window: settings, rate, s, wait
 
     def on_window(self, stats: WindowStats) -> None:
         self._pending = stats
@@ -252,6 +252,8 @@ class LoaderSession:
         agreed = agree(Agreed.of(stats, self._applied, mem, self._failure is not None, over_budget,
                                  not self.store_warm()), self._agree)
         self.store_warm_agreed = not agreed.store_cold
+        if not agreed.failed:
+            self.measured.append((self._applied, agreed.rate, agreed.step_time_s * stats.steps, agreed.data_wait_frac))
         failure, self._failure = self._failure, None
         self._windows.last_step_s, self._windows.last_rate = agreed.step_time_s, agreed.samples_per_s
         handle = {Phase.BEFORE: self._on_before, Phase.TRIAL: self._on_trial, Phase.AFTER: self._on_after,
@@ -303,7 +305,8 @@ class LoaderSession:
             elif candidate == self._switcher.user_settings:  # a close call: the user's own loader, measured again
                 self._back_to_user("your settings, measured again")
             else:
-                self._apply(candidate, label="trial", timeout_s=self._trial_timeout())
+                step_s = self.before.step_time_s if self.before else 0.0  # a trial's timeout: 20 steps before
+                self._apply(candidate, label="trial", timeout_s=max(self._min_timeout, 20.0 * step_s))
             self._trial = candidate
             self.state = Phase.TRIAL
             return
@@ -381,9 +384,6 @@ class LoaderSession:
 
     def _elapsed(self) -> float:
         return 0.0 if self._started is None else self._clock() - self._started
-
-    def _trial_timeout(self) -> float:
-        return max(self._min_timeout, 20.0 * (self.before.step_time_s if self.before else 0.0))
 
     def finish(self) -> None:  # the fit ended mid-trial: a failure already seen is still recorded
         failure, self._failure = self._failure or self._switcher.take_failure(), None
