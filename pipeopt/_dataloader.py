@@ -65,7 +65,7 @@ def epoch_positions(iterator: Any) -> list[int] | None:
     from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler
 
     index_sampler = getattr(iterator, "_index_sampler", None)
-    sampler = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
+    sampler: Any = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
     if type(sampler) is DistributedSampler:  # its order is a function of its seed and epoch: read again, unchanged
         return list(iter(sampler))
     length = len(sampler)  # SequentialSampler: the dataset's; RandomSampler: its num_samples
