@@ -1,6 +1,7 @@
 """Every torch DataLoader internal pipeopt relies on that is not a public API, in one module (tested with torch 2.13
-and 2.14): how a running iterator hands over its remaining indices, stops, counts its ready batches, and how its
-workers' deaths reach pipeopt instead of the main thread. A torch upgrade that renames one breaks this file only.
+and 2.14): how a running iterator hands over its remaining indices (and whether their order is decided already),
+stops, counts its ready batches, and how its workers' deaths reach pipeopt instead of the main thread. A torch
+upgrade that renames one breaks this file only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The torch DataLoader seams (pipeopt._dataloader): ready batches counted, failed workers ended at once."""
+"""The torch DataLoader seams (pipeopt._dataloader): ready batches counted, failed workers ended at once, which
+samplers' epochs may be read ahead."""
 
 import time
 
@@ -61,3 +62,49 @@ def test_kill_workers_ends_a_failed_iterators_workers_without_waiting_for_them()
     _dataloader.kill_workers(iterator)
     assert not any(w.is_alive() for w in workers)
     _dataloader.shutdown_iterator(iterator)  # the usual shutdown then has nothing left to wait for
+
+
+def _started(loader):
+    iterator = iter(loader)
+    next(iterator)  # the epoch's first batch: a RandomSampler draws its seed here
+    return iterator
+
+
+def test_only_torchs_own_samplers_are_read_ahead_and_only_once_their_epoch_has_begun():
+    from torch.utils.data import DistributedSampler, Sampler
+
+    class UsersSampler(Sampler[int]):  # may decide its order as it goes: never read ahead
+        def __iter__(self):
+            return iter(range(16))
+
+        def __len__(self):
+            return 16
+
+    data = list(range(16))
+    assert _dataloader.order_fixed(_started(DataLoader(data, batch_size=4, shuffle=True)))
+    assert _dataloader.order_fixed(_started(DataLoader(data, batch_size=4)))
+    assert not _dataloader.order_fixed(iter(DataLoader(data, batch_size=4, shuffle=True)))  # no index drawn yet
+    assert not _dataloader.order_fixed(_started(DataLoader(data, batch_size=4, shuffle=True,
+                                                           generator=torch.Generator().manual_seed(1))))
+    assert not _dataloader.order_fixed(_started(DataLoader(data, batch_size=4, sampler=UsersSampler())))
+    shard = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
+    iterator = _started(DataLoader(data, batch_size=2, sampler=shard))
+    assert _dataloader.order_fixed(iterator) and _dataloader.epoch_positions(iterator) == list(shard)
+    assert _dataloader.epoch_positions(_started(DataLoader(data, batch_size=4, shuffle=True))) == data
+    with_replacement = DataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data, replacement=True))
+    assert _dataloader.epoch_positions(_started(with_replacement)) is None
+
+
+def test_reading_a_shuffled_epoch_ahead_changes_neither_its_order_nor_the_random_numbers_after_it():
+    from pipeopt.apply.index_stream import IndexStream
+
+    def epoch(read_ahead):
+        torch.manual_seed(7)
+        iterator = iter(DataLoader(list(range(64)), batch_size=8, shuffle=True))
+        first = next(iterator).tolist()
+        stream = IndexStream(_dataloader.take_index_stream(iterator), read_ahead=read_ahead)
+        torch.rand(3)  # the training step's draws, between the loader's batches
+        return [first, *list(stream)], torch.get_rng_state()
+
+    (order, rng), (order_ahead, rng_ahead) = epoch(False), epoch(True)
+    assert order_ahead == order and torch.equal(rng_ahead, rng)

@@ -23,6 +23,7 @@ import mmap
 import os
 import pickle
 import shutil
+import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-_MAGIC = 0x70697065_6F707402  # "pipeopt" + version 2
+_MAGIC = 0x70697065_6F707403  # "pipeopt" + version 3 (records: a frame, the pickle, its buffers out of band)
 #: Processes of one node that share a store count what they make apart (a slot each: a rank's loaders).
 SLOTS = 64
 #: int64 header: magic, data end, fill ns, stored, not stored (full), dataset length, budget, spare, then the items
@@ -114,12 +115,18 @@ class SampleStore:
             self._views, self._pid = (memoryview(mm).cast("q"), data_fd, lock_fd, mm, index_f), os.getpid()
         return self._views[0], self._views[1], self._views[2]
 
-    def get(self, position: int) -> bytes | None:
-        """The bytes stored for ``position``, or None."""
+    def get(self, position: int) -> bytearray | None:
+        """The bytes stored for ``position`` - read into a buffer of their own, which ``decode`` lends to the tensors
+        it makes - or None."""
         index, data_fd, _ = self._open()
         slot = _HEADER + 2 * position
-        length = index[slot + 1]
-        return os.pread(data_fd, length, index[slot]) if length else None
+        length, offset = index[slot + 1], index[slot]
+        if not length:
+            return None
+        buffer = bytearray(length)
+        if not hasattr(os, "preadv") or os.preadv(data_fd, [buffer], offset) != length:
+            buffer[:] = os.pread(data_fd, length, offset)
+        return buffer
 
     def has(self, position: int) -> bool:
         index, _, _ = self._open()
@@ -195,11 +202,18 @@ def _locked(fd: int) -> Iterator[None]:
 
 
 # -- the samples' bytes -----------------------------------------------------------------------------------------
-def _tensor(dtype: str, shape: tuple[int, ...], raw: bytes, cls: type = torch.Tensor,
+def _tensor(dtype: str, shape: tuple[int, ...], raw: Any, cls: type = torch.Tensor,
             attrs: dict[str, Any] | None = None) -> torch.Tensor:
-    flat = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)) if raw else \
-        torch.empty(0, dtype=getattr(torch, dtype))
-    tensor = flat.reshape(shape)
+    """``raw``: the tensor's bytes - a writable view into the record ``decode`` was given (the tensor then shares its
+    memory: no copy), or read-only bytes (copied: a tensor the user's code may write to)."""
+    view = memoryview(raw)
+    if view.nbytes == 0:
+        return _subclass(torch.empty(0, dtype=getattr(torch, dtype)).reshape(shape), cls, attrs)
+    flat = torch.frombuffer(view if not view.readonly else bytearray(view), dtype=getattr(torch, dtype))
+    return _subclass(flat.reshape(shape), cls, attrs)
+
+
+def _subclass(tensor: torch.Tensor, cls: type, attrs: dict[str, Any] | None) -> torch.Tensor:
     if cls is not torch.Tensor:  # a subclass (torchvision's Image, Mask, BoundingBoxes...), with its attributes
         tensor = tensor.as_subclass(cls)
         tensor.__dict__.update(attrs or {})
@@ -217,18 +231,45 @@ class _Pickler(pickle.Pickler):
             plain = obj.as_subclass(torch.Tensor) if type(obj) is not torch.Tensor else obj
             flat = plain.detach().contiguous().reshape(-1)
             extra = (type(obj), dict(obj.__dict__)) if type(obj) is not torch.Tensor else ()
-            return _tensor, (str(flat.dtype).removeprefix("torch."), tuple(obj.shape),
-                             flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"", *extra)
+            raw = pickle.PickleBuffer(flat.view(torch.uint8).numpy().data) if flat.numel() else b""
+            return _tensor, (str(flat.dtype).removeprefix("torch."), tuple(obj.shape), raw, *extra)
         return NotImplemented
+
+
+#: A record: this frame (how many out-of-band buffers, the pickle's length), each buffer's length, the pickle, then
+#: the buffers - each at an offset that is a multiple of _ALIGN from the record's start.
+_FRAME = struct.Struct("<II")
+_ALIGN = 64
 
 
 def encode(obj: Any) -> bytes:
     """A sample as bytes: what ``decode`` turns back into an equal object (tensors bit for bit; a PIL image as its
-    mode, size and pixels)."""
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()
+    mode, size and pixels). Tensors' (and NumPy arrays') bytes are kept out of the pickle, so that ``decode`` can
+    lend them the record's own memory instead of copying them twice (pickle's bytes, then a writable copy)."""
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+    payload, raws = stream.getvalue(), [b.raw() for b in buffers]
+    record = bytearray(_FRAME.pack(len(raws), len(payload)))
+    record += struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws)) + payload
+    for raw in raws:
+        record += bytes(-len(record) % _ALIGN)
+        record += raw
+    return bytes(record)
 
 
-def decode(raw: bytes) -> Any:
-    return pickle.loads(raw)
+def decode(record: bytes | bytearray) -> Any:
+    """The object ``encode`` made ``record`` from. A writable record (``SampleStore.get``'s) is lent to the tensors
+    and arrays made: they share its memory - each read is a buffer of its own - and nothing is copied again (a
+    read-only one is copied once, so that what is made is writable, as the user's own items are)."""
+    view = memoryview(record if isinstance(record, bytearray) else bytearray(record))
+    count, length = _FRAME.unpack_from(view)
+    sizes = struct.unpack_from(f"<{count}Q", view, _FRAME.size)
+    at = _FRAME.size + 8 * count
+    payload, at = view[at:at + length], at + length
+    buffers = []
+    for size in sizes:
+        at += -at % _ALIGN
+        buffers.append(view[at:at + size])
+        at += size
+    return pickle.loads(payload, buffers=buffers)

@@ -31,3 +31,19 @@ def test_peek_does_not_advance_and_draw_matches_dataloader_draws():
         assert peeked == peek_seed(gen)
         assert draw_seed(gen) == peeked
         assert draw_seed(gen) != peeked
+
+
+def test_a_stream_read_ahead_hands_out_the_same_batches_and_knows_what_is_still_to_come():
+    batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    lazy, read = IndexStream(iter(batches)), IndexStream(iter(batches), read_ahead=True)
+    assert lazy.ahead() is None  # a source not read ahead: what is to come is not known
+    assert read.ahead() == list(range(8))
+    assert next(read) == [0, 1]
+    read.delivered()
+    assert next(read) == [2, 3] and read.ahead() == [2, 3, 4, 5, 6, 7]  # dispatched, not delivered: still ahead
+    assert read.recover() == 1 and read.ahead() == [2, 3, 4, 5, 6, 7]
+    assert list(read) == [[2, 3], [4, 5], [6, 7]] and list(lazy) == batches
+    assert read.ahead() == [2, 3, 4, 5, 6, 7]  # handed out, none delivered yet
+    for _ in range(3):
+        read.delivered()
+    assert read.ahead() == []

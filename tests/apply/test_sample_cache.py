@@ -64,6 +64,21 @@ def test_codec_round_trips_tensors_bit_for_bit():
     assert torch.equal(nested["a"][0], items[5]["a"][0]) and nested["a"][1:] == [1.5, "s"]
 
 
+def test_items_read_from_the_store_are_writable_and_each_read_is_its_own(tmp_path):
+    """The tensors a read makes share the memory of the bytes read (no second copy), so a user's in-place transform
+    after the cache must change only that item: not the store, not another read of it."""
+    store = SampleStore(tmp_path / "s", 2, 1 << 20)
+    item = {"image": torch.randn(3, 8, 8), "pixels": np.arange(12, dtype=np.uint8), "label": 4}
+    assert store.put(0, encode(item), 0)
+    first, second = decode(store.get(0)), decode(store.get(0))
+    first["image"].mul_(0)  # e.g. Normalize(inplace=True), run per sample after the cache
+    first["pixels"] += 1
+    assert torch.equal(second["image"], item["image"]) and np.array_equal(second["pixels"], item["pixels"])
+    assert torch.equal(decode(store.get(0))["image"], item["image"]) and second["label"] == 4
+    assert decode(encode(item))["pixels"].flags.writeable  # from read-only bytes too
+    store.close()
+
+
 def test_items_filled_by_worker_processes_are_read_by_the_main_process(tmp_path):
     split = plan(Counted())
     cache = SampleCache(split, SampleStore(tmp_path / "s", len(split), 1 << 20))

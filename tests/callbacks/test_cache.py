@@ -182,9 +182,54 @@ def test_the_samples_drawn_before_the_store_existed_are_made_ahead_and_cached_tr
     assert [step for step in WhereMade.made_at if step >= first_trial] == []  # all from the store
     made_ahead = [n for n in report.notes if "made ahead" in n]
     assert len(made_ahead) == 1 and "in 1 worker process" in made_ahead[0], report.notes
+    assert "while that epoch drew the rest" in made_ahead[0]  # made in the epoch that made the store (read ahead)
     assert [c.knob for c in report.changes] == ["cache"] and tuned.seen == plain.seen
     for name, value in plain.state_dict().items():
         assert torch.equal(value, tuned.state_dict()[name]), name
+    assert psutil.Process().children() == []
+
+
+class UsersSampler(torch.utils.data.Sampler[int]):
+    """A sampler of the user's own: a shuffle of its own each epoch, recording the training step at which it gave
+    each index - it could decide its order as it goes, so pipeopt must not ask it for an index ahead of time."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch, self.given_at = n, 0, list[tuple[int, int]]()  # (epoch, step) for each index given
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        for i in torch.randperm(self.n, generator=torch.Generator().manual_seed(epoch)).tolist():
+            self.given_at.append((epoch, WhereMade.step))
+            yield i
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_users_sampler_is_never_read_ahead_and_what_the_store_misses_is_made_at_the_next_epochs_start(
+        monkeypatch, tmp_path):
+    """Where the epoch's order is the user's to decide, the samples drawn before the store existed are not known
+    until the epoch ends: they are made at the next epoch's start, and the sampler is asked for each index when a
+    DataLoader without pipeopt would ask (a batch or two ahead of its step), never at once."""
+    data = WhereMade(n=128, delay_s=0.002)
+
+    def users_fit(callbacks):
+        pl.seed_everything(3, verbose=False)
+        model, sampler = Regressor(hidden=32), UsersSampler(len(data))
+        trainer = pl.Trainer(max_epochs=4, callbacks=[*callbacks, _Steps()], **quiet_trainer_kwargs())
+        trainer.fit(model, DataLoader(data, batch_size=8, sampler=sampler))
+        return model, sampler
+
+    plain, _ = users_fit([])
+    _cached_faster(monkeypatch)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
+    tuned, sampler = users_fit([callback])
+    made_ahead = [n for n in callback.report.notes if "made ahead" in n]
+    assert len(made_ahead) == 1 and made_ahead[0].split(" were made")[0].endswith("samples the store missed")
+    assert [c.knob for c in callback.report.changes] == ["cache"] and tuned.seen == plain.seen
+    steps = len(data) // 8
+    for k, (epoch, step) in enumerate(sampler.given_at):
+        assert step >= epoch * steps + (k % len(data)) // 8 - 2, (k, epoch, step)  # at most two batches early
     assert psutil.Process().children() == []
 
 
