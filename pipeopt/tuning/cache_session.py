@@ -8,7 +8,9 @@ windows measured beside that work are not ``quiet`` and are not pooled). Then, o
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
    epoch is not spent on one more window of the slow settings; a window of its own when they do not yet, or under
-   DALI (whose loader does not fill the store);
+   DALI (whose loader does not fill the store). Nothing is tried when the loop waited for data under 5 % of its
+   steps there (taking that away could not beat the noise floor); the user's own settings under 10 % (the loader
+   search's before-window) skip the whole session (``begin``);
 2. a trial reading from the store with the same workers;
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
@@ -33,7 +35,7 @@ from enum import Enum
 from pipeopt.measure.window import WindowStats
 from pipeopt.tuning.agreement import ReduceMax, agree
 from pipeopt.tuning.findings import Change, Outcome
-from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, LoaderSettings
+from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, INPUT_SOLVED_WAIT, LoaderSettings
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
 from pipeopt.tuning.session import Agreed, Switcher, TrialWindows, first_line
 
@@ -178,7 +180,7 @@ class CacheSession:
         if rate is None:  # the settings in place failed: nothing to compare with
             self._finish("the loader's workers failed in the window before the cache trial")
             return
-        if data_wait_frac < COMPUTE_BOUND_WAIT:
+        if data_wait_frac < INPUT_SOLVED_WAIT:  # the settings in place: removing their wait could not pay (floor)
             self._finish(_compute_bound(data_wait_frac))
             return
         self.before = rate

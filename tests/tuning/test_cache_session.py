@@ -88,6 +88,30 @@ def test_the_window_in_which_the_store_turns_warm_is_the_window_before():
     assert labels[0] == "filling the sample cache" and "cache: before" not in labels
 
 
+def test_the_loader_searchs_windows_of_the_settings_in_place_are_pooled_into_the_window_before():
+    """The loader search measured the settings in place (its after-windows) just before: with them, the window
+    that finds the store warm completes a window before of a trial's length - no window of its own. Without them
+    (a 1 s window against 3 s asked), the warm epoch pays one more window of the slow settings."""
+    def tried(measured):
+        labels: list[str] = []
+        switcher = FakeSwitcher()
+        switcher.current = EIGHT
+        session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                              min_window_s=3.0),
+                               warm=lambda: labels.count("window") >= 1, fills=lambda: True)
+        session.begin(0.6, None, measured)
+        session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.6, rate_rel_se=0.01))  # 10 x 0.1 s
+        labels.append("window")
+        session.on_step_end()
+        return session, labels
+
+    session, labels = tried([(Rate(300.0, 0.01), 2.5, 0.6)])
+    assert "cache: before" not in labels and labels[-1].startswith("cache trial")
+    assert session.before is not None and round(session.before.value, 1) == round((300 * 2.5 + 400) / 3.5, 1)
+    session, labels = tried([])
+    assert labels[-1] == "cache: before" and session.before is None
+
+
 def test_nothing_is_tried_while_any_rank_is_cold():
     session, switcher = run(world_storage_bound, other_rank_cold=True)
     assert session.state == "wait" and switcher.switches == []
@@ -106,6 +130,19 @@ def test_a_compute_bound_run_is_left_alone():
     session, switcher = run(world_storage_bound, before_wait=0.05)
     assert session.state == "done" and switcher.switches == [] and session.kept is None
     assert any("compute-bound" in n for n in session.outcome.notes)
+
+
+def test_a_wait_the_cache_could_take_away_beyond_the_floor_is_tried_and_one_under_it_is_not():
+    """The loader search left the loop waiting 8 % of each step: reading from the store can take that away (1.09x,
+    beyond the 5 % floor), so it is tried; at 3 % it could not pay, and nothing is tried."""
+    def almost_fed(wait):
+        return lambda settings: (980.0, 0.01) if settings.cache else (900.0, wait)
+
+    session, switcher = run(almost_fed(0.08))
+    assert switcher.switches and all(s.cache for s in switcher.switches) and session.kept is not None
+    session, switcher = run(almost_fed(0.03))
+    assert switcher.switches == [] and session.kept is None
+    assert any("compute-bound (the loop waited for data 3%" in n for n in session.outcome.notes)
 
 
 def test_the_users_own_loader_is_replaced_by_a_filling_copy_before_waiting():

@@ -93,6 +93,21 @@ def test_any_rank_over_budget_ends_the_search_on_all():
     assert s.state == "after" and s.chosen.settings.num_workers == 2
 
 
+def test_each_window_is_kept_with_the_settings_it_measured_and_the_slowest_ranks_rate():
+    """What the sample cache pools into its window before: the loader search's windows of the settings in place,
+    each as every rank agreed on it (a 1 s window: 10 steps of 100 ms)."""
+    def agree(values):
+        other = list(values)
+        other[0] = max(values[0], -90.0)  # another rank: never faster than 90 samples/s
+        return [max(a, b) for a, b in zip(values, other)]
+
+    s, switcher, _ = session(agree)
+    feed(s, 100.0, 0.9)
+    feed(s, 300.0, 0.5)
+    assert [(settings, rate.value, seconds) for settings, rate, seconds, _ in s.measured] == [
+        (USER, 90.0, 1.0), (switcher.switches[0], 90.0, 1.0)]
+
+
 def test_an_after_window_that_is_not_faster_reverts_to_the_users_loader():
     t = {"now": 0.0}
     s, switcher, _ = session(budget_s=10.0, clock=lambda: t["now"])
