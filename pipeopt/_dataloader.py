@@ -44,19 +44,24 @@ def take_index_stream(iterator: Any) -> Any:
 
 
 def order_fixed(iterator: Any) -> bool:
-    """Whether the rest of a running DataLoader iterator's epoch is already decided, so that reading its index stream
-    ahead changes nothing: torch's own (batch) samplers, exactly - ``RandomSampler`` on a generator of its own (seeded
-    when the epoch's first index was drawn; a generator of the user's would be drawn from earlier than without
-    pipeopt), ``SequentialSampler``, ``DistributedSampler`` - under torch's ``BatchSampler`` or none, once the epoch's
-    first index was drawn. A sampler of the user's may decide as it goes: it is never read ahead."""
+    """Whether a running DataLoader iterator's epoch is decided once its first index is drawn (``index_stream_begun``),
+    so that reading its index stream ahead from then on changes nothing: torch's own (batch) samplers, exactly -
+    ``RandomSampler`` on a generator of its own (seeded when the epoch's first index is drawn; a generator of the
+    user's would be drawn from earlier than without pipeopt), ``SequentialSampler``, ``DistributedSampler`` - under
+    torch's ``BatchSampler`` or none. A sampler of the user's may decide as it goes: it is never read ahead."""
     from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
-    index_sampler, stream = getattr(iterator, "_index_sampler", None), getattr(iterator, "_sampler_iter", None)
+    index_sampler = getattr(iterator, "_index_sampler", None)
     sampler = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
-    started = inspect.isgenerator(stream) and inspect.getgeneratorstate(stream) != inspect.GEN_CREATED
     if type(sampler) is RandomSampler:
-        return started and sampler.generator is None
-    return started and type(sampler) in (SequentialSampler, DistributedSampler)
+        return sampler.generator is None
+    return type(sampler) in (SequentialSampler, DistributedSampler)
+
+
+def index_stream_begun(stream: Any) -> bool:
+    """Whether the epoch's first index was drawn from an index stream ``take_index_stream`` gave (torch's samplers
+    yield from generators, which draw nothing before their first index)."""
+    return not inspect.isgenerator(stream) or inspect.getgeneratorstate(stream) != inspect.GEN_CREATED
 
 
 def epoch_positions(iterator: Any) -> list[int] | None:

@@ -83,7 +83,9 @@ def test_only_torchs_own_samplers_are_read_ahead_and_only_once_their_epoch_has_b
     data = list(range(16))
     assert _dataloader.order_fixed(_started(DataLoader(data, batch_size=4, shuffle=True)))
     assert _dataloader.order_fixed(_started(DataLoader(data, batch_size=4)))
-    assert not _dataloader.order_fixed(iter(DataLoader(data, batch_size=4, shuffle=True)))  # no index drawn yet
+    fresh = iter(DataLoader(data, batch_size=4, shuffle=True))  # its epoch's first index not drawn yet: the
+    assert not _dataloader.index_stream_begun(_dataloader.take_index_stream(fresh))  # seed is still to be drawn
+    assert _dataloader.index_stream_begun(_dataloader.take_index_stream(_started(DataLoader(data, shuffle=True))))
     assert not _dataloader.order_fixed(_started(DataLoader(data, batch_size=4, shuffle=True,
                                                            generator=torch.Generator().manual_seed(1))))
     assert not _dataloader.order_fixed(_started(DataLoader(data, batch_size=4, sampler=UsersSampler())))
@@ -103,6 +105,8 @@ def test_reading_a_shuffled_epoch_ahead_changes_neither_its_order_nor_the_random
         iterator = iter(DataLoader(list(range(64)), batch_size=8, shuffle=True))
         first = next(iterator).tolist()
         stream = IndexStream(_dataloader.take_index_stream(iterator), read_ahead=read_ahead)
+        if read_ahead:
+            assert len(stream.ahead()) == 56  # the rest of the epoch, read now
         torch.rand(3)  # the training step's draws, between the loader's batches
         return [first, *list(stream)], torch.get_rng_state()
 

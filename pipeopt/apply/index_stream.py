@@ -13,15 +13,19 @@ from typing import Any
 
 import torch
 
+from pipeopt import _dataloader
+
 
 class IndexStream(Iterator[Any]):
     """Index batches handed out once each. Those handed to a loader whose workers then failed (dispatched, never
     delivered) are handed out again, first and in order, by ``recover()``. ``read_ahead``: the source's order is
-    already decided (``_dataloader.order_fixed``) - it is read at once, and ``ahead()`` knows what is still to come."""
+    decided once its first index is drawn (``_dataloader.order_fixed``) - from then on ``ahead()`` reads the rest,
+    and knows what is still to come."""
 
     def __init__(self, source: Iterable[Any], *, read_ahead: bool = False) -> None:
-        self._rest: collections.deque[Any] | None = collections.deque(source) if read_ahead else None
-        self._source: Iterator[Any] = iter(()) if self._rest is not None else iter(source)
+        self._source: Iterator[Any] = iter(source)
+        self._read_ahead = read_ahead
+        self._rest: collections.deque[Any] | None = None  # the source, read ahead
         self._returned: collections.deque[Any] = collections.deque()
         self._in_flight: collections.deque[Any] = collections.deque()
         self.epoch_over = False  # its epoch ended: a loader that never started on it begins with its own epoch
@@ -43,9 +47,11 @@ class IndexStream(Iterator[Any]):
 
     def ahead(self) -> list[int] | None:
         """The sample positions not yet delivered - dispatched, handed back or still to come - or None where the
-        source is not read ahead."""
+        source may not be read ahead (or not yet: its epoch's first index is still to be drawn)."""
         if self._rest is None:
-            return None
+            if not self._read_ahead or not _dataloader.index_stream_begun(self._source):
+                return None
+            self._rest, self._source = collections.deque(self._source), iter(())
         positions: list[int] = []
         for batch in (*self._in_flight, *self._returned, *self._rest):
             positions.extend(batch if isinstance(batch, (list, tuple)) else [batch])

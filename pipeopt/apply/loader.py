@@ -195,7 +195,7 @@ class LoaderSwitcher:
             self.handover.close(keep=live[0])
         fixed = _dataloader.order_fixed(live[0])
         self._epoch_positions = _dataloader.epoch_positions(live[0]) if fixed else None
-        stream = IndexStream(_dataloader.take_index_stream(live[0]), read_ahead=fixed)
+        stream = IndexStream(_dataloader.take_index_stream(live[0]), read_ahead=fixed)  # read ahead when asked
         self.handover = Handover(stream, live[0], self._installed(), self._on_failure)
         live[0] = self.handover
         return self.handover

@@ -47,3 +47,17 @@ def test_a_stream_read_ahead_hands_out_the_same_batches_and_knows_what_is_still_
     for _ in range(3):
         read.delivered()
     assert read.ahead() == []
+
+
+def test_a_generator_is_read_ahead_only_once_its_first_index_was_drawn():
+    """A sampler's generator draws its seed with its first index: read before that, it would draw it early."""
+    drawn = []
+
+    def sampler():
+        drawn.append("seed")
+        yield from ([0, 1], [2, 3], [4, 5])
+
+    stream = IndexStream(sampler(), read_ahead=True)
+    assert stream.ahead() is None and drawn == []  # not yet: nothing drawn, nothing known
+    assert next(stream) == [0, 1] and drawn == ["seed"]
+    assert stream.ahead() == [0, 1, 2, 3, 4, 5] and list(stream) == [[2, 3], [4, 5]]
