@@ -168,7 +168,7 @@ class LoaderSwitcher:
         self._generator = torch.Generator().manual_seed(peek_seed(self.user.generator))
         self.fallback = self.user_settings
         self.handover: Handover | None = None
-        self._epoch_positions: list[int] | None = None  # every position the handover's epoch draws, where known
+        self._fixed_epoch: Any = None  # the user's iterator the handover began with, where its order is torch's
         self.current = self.user_settings
         self.failed: BaseException | None = None  # the last trial failure, until the tuner takes it
         self._dali = dali
@@ -194,7 +194,7 @@ class LoaderSwitcher:
         if self.handover is not None:  # a new epoch began: the previous epoch's sources are done
             self.handover.close(keep=live[0])
         fixed = _dataloader.order_fixed(live[0])
-        self._epoch_positions = _dataloader.epoch_positions(live[0]) if fixed else None
+        self._fixed_epoch = live[0] if fixed else None
         stream = IndexStream(_dataloader.take_index_stream(live[0]), read_ahead=fixed)  # read ahead when asked
         self.handover = Handover(stream, live[0], self._installed(), self._on_failure)
         live[0] = self.handover
@@ -204,13 +204,13 @@ class LoaderSwitcher:
         """The sample positions this rank's running epoch drew and will not draw again: every one its sampler gives
         the epoch but those still ahead of the handover's stream (in flight included); None outside a handover or
         where the epoch's order is not known ahead (``_dataloader.order_fixed``)."""
-        if self.handover is None or self.handover.stream.epoch_over or self._epoch_positions is None:
+        if self.handover is None or self.handover.stream.epoch_over or self._fixed_epoch is None:
             return None
-        ahead = self.handover.stream.ahead()
-        if ahead is None:
+        ahead, positions = self.handover.stream.ahead(), _dataloader.epoch_positions(self._fixed_epoch)
+        if ahead is None or positions is None:
             return None
         still = set(ahead)
-        return [p for p in self._epoch_positions if p not in still]
+        return [p for p in positions if p not in still]
 
     def _installed(self) -> Any:
         return self._combined.flattened[0]

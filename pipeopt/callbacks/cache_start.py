@@ -163,17 +163,15 @@ class StoreCompletion:
     def done(self) -> bool:
         """Nothing is left to make before the cache is tried; the first call (once ``early``'s work ended) starts
         the work on what the store still misses."""
-        if any(job.running for job in self.jobs):
-            return False
-        if not self._begun:
+        cache = self._switcher.cache
+        if not self._begun and not any(job.running for job in self.jobs):
             self._begun = True
-            cache = self._switcher.cache
             if cache is not None and self._fillable():
                 missing = cache.store.missing()
                 mine = missing[self._trainer.local_rank::max(1, self._trainer.num_devices)]  # the ranks share them
                 self._start(mine, "samples the store missed")
-            if any(job.running for job in self.jobs):
-                return False
+        if any(job.running for job in self.jobs):
+            return False
         for job in self.jobs[self._reported:]:
             self.note(job.describe())
         self._reported = len(self.jobs)
