@@ -89,12 +89,14 @@ def controlled_rates(monkeypatch: Any, rate_of: Any) -> None:
 
 
 def controlled_wait(monkeypatch: Any, wait_frac: float) -> None:
-    """Fix the data-wait fraction every window the searches judge reads (the seam:
-    ``pipeopt.tuning.noise.window_wait``), so that whether a real fit counts as compute-bound does not depend on how
-    busy the machine is; the fit and its report's windows stay as measured."""
+    """Fix the data-wait fraction every window the searches judge reads (the seams:
+    ``pipeopt.tuning.noise.window_wait``, and ``window_supply_wait`` beside it: all of that wait with no batch
+    ready), so that whether a real fit counts as compute-bound, and what the loader model is fitted to, do not
+    depend on how busy the machine is; the fit and its report's windows stay as measured."""
     from pipeopt.tuning import noise
 
     monkeypatch.setattr(noise, "window_wait", lambda stats, in_place: wait_frac)
+    monkeypatch.setattr(noise, "window_supply_wait", lambda stats, in_place: wait_frac)
 
 
 def synchronous_backfill(monkeypatch: Any) -> None:

@@ -50,6 +50,7 @@ class WindowStats:
     step_cpu_s: float = 0.0  # CPU seconds per step of the training process outside the fetch (``StepRecord``)
     fetch_cpu_s: float = 0.0  # CPU seconds per step of the training thread inside the fetch: with no workers, loading
     supply_ratio: float | None = None  # batches the loader made per batch taken in the window (``supply_ratio``)
+    starved_wait_frac: float | None = None  # the share of it waited with no finished batch ready (``starved_wait``)
 
     @property
     def sustained_per_s(self) -> float:
@@ -124,7 +125,21 @@ def summarize(
         step_cpu_s=sum(r.step_cpu for r in records) / n,
         fetch_cpu_s=sum(r.fetch_cpu for r in records) / n,
         supply_ratio=supply_ratio(records, ready),
+        starved_wait_frac=starved_wait(records, ready),
     )
+
+
+def starved_wait(records: Sequence[StepRecord], ready: Sequence[tuple[object, int] | None]) -> float | None:
+    """The share of the window's time the loop waited in fetches that began with no finished batch ready (the
+    stock ``ready[i-1]`` read as step ``i - 1`` ended): the wait more loaders could take away. The rest of the
+    wait - a batch was ready - is the fetch's own work (receiving the batch from a worker, waking the thread) and
+    stays whatever the worker count. From the window's second step on (its first has no reading before it); None
+    without a reading at every step, or with fewer than three steps."""
+    if len(records) < 3 or len(ready) != len(records) or any(r is None for r in ready):
+        return None
+    duration = sum(r.total for r in records[1:])
+    starved = sum(r.wait for r, before in zip(records[1:], ready) if before is not None and before[1] == 0)
+    return starved / duration if duration > 0 else None
 
 
 def supply_ratio(records: Sequence[StepRecord], ready: Sequence[tuple[object, int] | None]) -> float | None:

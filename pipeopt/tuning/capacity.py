@@ -5,12 +5,16 @@ Three limits, in samples/s (Plumber's view of a pipeline as stages with rates an
 windows rather than traced):
 
 * **the step**: the rate at which the step consumes samples once input is free - a window's rate over the share of
-  it that did not wait for data (``rate / (1 - wait)``), the largest any window read. A lower bound: a step that
-  waited also pays for having waited (intra-op threads woken from sleep, cold caches), so a window that waits
-  less reads a faster step;
-* **the loaders**: ``n`` workers deliver ``n`` times what one delivers. A window that still waited was limited by
-  its supply: with ``n`` workers one delivers ``rate / n``; the main process, loading between steps, spent the waited
-  share of each step loading, so it delivers ``rate / wait``;
+  it that did not wait for data (``rate / (1 - wait)``), the largest any window with workers read (the
+  before-window's until one is measured: with workers the step also takes each batch from a worker). A lower
+  bound: a step that waited also pays for having waited (intra-op threads woken from sleep, cold caches), so a
+  window that waits less reads a faster step. ``wait`` here is the wait with no finished batch ready
+  (``WindowStats.starved_wait_frac``): a fetch that finds a batch ready still waits - to receive it from the
+  worker, to wake - and that share is the step's own, which no worker count takes away (measured on 2 CPUs: 7, 10
+  and 16 storage workers each waited 12-15 % of a step at the same rate, none of it with the stock empty);
+* **the loaders**: ``n`` workers deliver ``n`` times what one delivers. A window that still waited with nothing
+  ready was limited by its supply: with ``n`` workers one delivers ``rate / n``; the main process, loading between
+  steps, spent the waited share of each step loading, so it delivers ``rate / wait``;
 * **the CPUs** this rank may use: a sample costs ``load_cpu`` CPU-seconds to load (measured where it is loaded: the
   training thread's CPU inside the fetch when the main process loads, the workers' CPU when they do) and the
   training process ``step_cpu`` outside it (the step's own, intra-op threads included), so no count exceeds
@@ -96,10 +100,12 @@ def fit(trials: Sequence[Trial], *, cpus: float, memory_bytes: int | None = None
     if not ok:
         return None
 
-    def wait(t: Trial) -> float:
-        return min(max(t.data_wait_frac or 0.0, 0.0), MAX_WAIT)
+    def wait(t: Trial) -> float:  # the wait more loaders could take away: with no batch ready (all, unmeasured)
+        share = t.data_wait_frac if t.supply_wait_frac is None else t.supply_wait_frac
+        return min(max(share or 0.0, 0.0), MAX_WAIT)
 
-    step_rate = max(t.rate.value / (1.0 - wait(t)) for t in ok if t.rate is not None)
+    stepped = [t for t in ok if t.settings.num_workers] or ok  # with workers, the step also receives each batch
+    step_rate = max(t.rate.value / (1.0 - wait(t)) for t in stepped if t.rate is not None)
     loader_rate = None
     for t in ok:  # the latest window limited by its supply says what one loader delivers
         if t.rate is not None and wait(t) >= SUPPLY_BOUND_WAIT:

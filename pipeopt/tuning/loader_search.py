@@ -7,7 +7,8 @@ The search (a plan, fed one measured trial at a time):
    count; one trial verifies it; the model, refitted on every trial (now with what a worker delivers and costs in
    CPU and memory), picks again while it predicts a gain beyond noise over the best measured setting - at most
    ``MODEL_TRIALS`` trials in all. Every proposal carries its predicted rate; the trial records it beside the
-   measured one.
+   measured one. A close call (the fastest ahead of the user's settings by more than the floor, within noise)
+   measures the user's settings once more, then - still close - the fastest once more: each side on two windows.
 3. Fallback, when a pick fails or the first pick measures slower than the user's settings beyond noise (the model
    has this pipeline wrong; a refit's pick slower than the best so far is refitted on instead): grow
    ``num_workers`` geometrically from the fastest count so far while each step is faster than the best beyond noise
@@ -117,6 +118,7 @@ class Trial:
     predicted: float | None = None  # the capacity model's rate for these settings when they were proposed
     load_cpu_s: float | None = None  # CPU seconds a sample costs to load (``session.cpu_per_sample``)
     step_cpu_s: float | None = None  # CPU seconds per sample of the step: the process's, outside the fetch
+    supply_wait_frac: float | None = None  # the share of the wait with no batch ready (None: not measured)
 
     @property
     def ok(self) -> bool:
@@ -189,15 +191,16 @@ class LoaderSearch:
         return self._model().rate(settings.num_workers)
 
     def record(self, trial: Trial) -> None:
-        """Add a measured trial (with the prediction made for it); a repeat of the last trial's settings is pooled
-        with it, and so is a second window of the user's settings with the baseline."""
+        """Add a measured trial (with the prediction made for it); a repeat of a trial's settings is pooled with
+        it, and so is a second window of the user's settings with the baseline."""
         self._waiting = False
         trial = dataclasses.replace(trial, predicted=self.predictions.get(trial.settings))
-        last = self.trials[-1]
+        again = next((k for k in range(len(self.trials) - 1, 0, -1) if self.trials[k].settings == trial.settings),
+                     None)
         if len(self.trials) > 1 and trial.settings == self.baseline.settings and trial.ok:
             self.trials[0] = self.baseline = _pooled(self.baseline, trial)
-        elif len(self.trials) > 1 and last.settings == trial.settings and last.ok and trial.ok:
-            self.trials[-1] = _pooled(last, trial)
+        elif again is not None and self.trials[again].ok and trial.ok:
+            self.trials[again] = _pooled(self.trials[again], trial)
         else:
             self.trials.append(trial)
 
@@ -245,6 +248,9 @@ class LoaderSearch:
             yield from self._predicted()
             if close_call(self.best_dataloader(), self.baseline, self.floor):
                 yield self.baseline.settings  # the user's settings once more: the choice is made on both windows
+                best = self.best_dataloader()
+                if still_close(best, self.baseline, self.floor):
+                    yield best.settings  # ... and the fastest once more: each side decided on two windows
         else:
             self.stop_reason = "num_workers left as is (\"loader\" is not among the groups to tune)"
         yield from self._dali()
@@ -403,10 +409,22 @@ def close_call(best: Trial, baseline: Trial, floor: float) -> bool:
     return fast.value > base.value * (1.0 + floor) and not faster(fast, base, floor)
 
 
+def still_close(best: Trial, baseline: Trial, floor: float) -> bool:
+    """After the user's second window, the fastest setting (measured once) is still ahead by more than the floor
+    and within noise: worth its own second window. One window of a few workers reads with a standard error of
+    8-9 % on a 2-CPU machine (their batches come in bursts), so a gain under ~18 % cannot show in it; two
+    windows a side show ~12 %."""
+    if best is baseline or best.repeats > 1 or best.rate is None:
+        return False
+    fast, base = measured(best.rate), measured(baseline.rate)
+    return fast.value > base.value * (1.0 + floor) and not faster(fast, base, floor)
+
+
 def _pooled(first: Trial, again: Trial) -> Trial:
     """Two windows of the same settings as one trial: the second's figures, the rates combined, waits averaged."""
     return dataclasses.replace(again, rate=combine(measured(first.rate), measured(again.rate)),
                                data_wait_frac=_mean(first.data_wait_frac, again.data_wait_frac),
+                               supply_wait_frac=_mean(first.supply_wait_frac, again.supply_wait_frac),
                                transfer_frac=_mean(first.transfer_frac, again.transfer_frac),
                                repeats=first.repeats + 1, predicted=first.predicted)
 

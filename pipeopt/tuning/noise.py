@@ -44,6 +44,14 @@ def window_wait(stats: WindowStats, in_place: object) -> float:
     return stats.data_wait_frac
 
 
+def window_supply_wait(stats: WindowStats, in_place: object) -> float:
+    """The share of each step the loop waited with no finished batch ready (``WindowStats.starved_wait_frac``;
+    the whole wait where the loader's stock cannot be read): the wait more loaders could take away, what the loader
+    model is fitted to. A seam like ``window_wait``, replaced beside it."""
+    starved = stats.starved_wait_frac
+    return stats.data_wait_frac if starved is None else min(starved, stats.data_wait_frac)
+
+
 def measured(rate: Rate | None) -> Rate:
     """The rate of a window that did not fail (a failed one has none: asking for it is a bug)."""
     if rate is None:

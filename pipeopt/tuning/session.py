@@ -58,6 +58,7 @@ class Agreed:
     store_cold: bool = agreed(ANY, default=True)  # a rank's sample store does not hold an epoch yet (or has none)
     load_cpu_s: float | None = agreed(MAX, default=None)  # CPU seconds a sample costs to load (``cpu_per_sample``)
     step_cpu_s: float | None = agreed(MAX, default=None)  # ... and the step: the process's CPU outside the fetch
+    supply_wait_frac: float | None = agreed(MAX, default=None)  # the wait with no batch ready (``window_supply_wait``)
 
     @classmethod
     def of(cls, stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
@@ -66,7 +67,8 @@ class Agreed:
         rate, wait, res = noise.window_rate(stats, settings), noise.window_wait(stats, settings), stats.resources
         load_cpu, step_cpu = cpu_per_sample(stats, settings)
         return cls(rate.value, rate.rel_se, stats.step_time_s, wait, stats.transfer_frac,
-                   res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold, load_cpu, step_cpu)
+                   res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold, load_cpu, step_cpu,
+                   noise.window_supply_wait(stats, settings))
 
     @property
     def rate(self) -> Rate:
@@ -472,15 +474,19 @@ def _trial_line(search: LoaderSearch, settings: LoaderSettings) -> str:
     trial = search.trials[index]
     again = f" (pooled over {trial.repeats} windows)" if trial.repeats > 1 else ""
     predicted = f" (predicted {trial.predicted:,.1f})" if trial.predicted is not None else ""
+    starved = trial.supply_wait_frac
+    ready = (f" ({starved:.0%} with no batch ready)" if starved is not None and trial.settings.num_workers
+             and trial.data_wait_frac is not None and trial.data_wait_frac - starved >= 0.01 else "")
     return (f"trial {index}: {trial.settings.describe()} -> {measured(trial.rate).value:,.1f} "
-            f"samples/s{again}{predicted}, data wait {trial.data_wait_frac:.0%}")
+            f"samples/s{again}{predicted}, data wait {trial.data_wait_frac:.0%}{ready}")
 
 
 def _trial_of(settings: LoaderSettings, agreed: Agreed) -> Trial:
     return Trial(settings=settings, rate=agreed.rate, data_wait_frac=agreed.data_wait_frac,
                  transfer_frac=agreed.transfer_frac, cpu_main_pct=agreed.cpu_main_pct,
                  cpu_workers_pct=agreed.cpu_workers_pct, worker_mem_bytes=agreed.worker_mem_bytes,
-                 load_cpu_s=agreed.load_cpu_s, step_cpu_s=agreed.step_cpu_s)
+                 load_cpu_s=agreed.load_cpu_s, step_cpu_s=agreed.step_cpu_s,
+                 supply_wait_frac=agreed.supply_wait_frac)
 
 
 def _changes(user: LoaderSettings, settings: LoaderSettings, reason: str | Callable[[str], str]) -> list[Change]:

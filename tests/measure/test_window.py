@@ -130,6 +130,20 @@ def test_supply_is_unknown_without_a_reading_at_every_step_of_one_epoch(case):
     assert w.sustained_per_s == pytest.approx(w.samples_per_s)
 
 
+def test_only_the_wait_of_fetches_that_found_no_batch_ready_is_starved():
+    waits, ready = [0.3, 0.05, 0.05, 0.3, 0.05], [0, 2, 1, 0, 3]  # a step's wait follows the reading before it
+    recs = [record(i * 0.5, wait=w) for i, w in enumerate(waits)]
+    w = summarize(recs, HostClock(), index=0, label="x", first_step=0, resources=NullProbe().end(None),
+                  ready=[(EPOCH, r) for r in ready])
+    assert w.data_wait_frac == pytest.approx(0.75 / 2.5)
+    # steps 2-5 (the first has no reading before it): step 2 followed an empty stock, as did step 5
+    assert w.starved_wait_frac == pytest.approx((0.05 + 0.05) / 2.0)
+    # where a reading is missing, nothing is known
+    unread = summarize(recs, HostClock(), index=0, label="x", first_step=0, resources=NullProbe().end(None),
+                       ready=[(EPOCH, 1)] * 4 + [None])
+    assert unread.starved_wait_frac is None
+
+
 def test_the_meter_reads_the_ready_batches_at_every_step():
     class Counting(NullProbe):
         def __init__(self):

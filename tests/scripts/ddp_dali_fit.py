@@ -47,7 +47,8 @@ def main() -> None:
     callbacks = []
     if mode == "pipeopt":
         noise.window_rate = lambda stats, settings: Rate(1000.0 if settings.dali else 100.0, 0.01)
-        noise.window_wait = lambda stats, settings: 0.5  # input-bound however busy the machine is
+        # input-bound however busy the machine is
+        noise.window_wait = noise.window_supply_wait = lambda stats, settings: 0.5
         callbacks.append(PipeOpt(tune=("dali",), window=4, window_s=0, warmup=2, budget_s=10, report_dir=None,
                                  cache=False, console=Console(file=io.StringIO())))
     model = OwnLoader(root, direct=mode == "loader_from")

@@ -44,7 +44,7 @@ def main() -> None:
     callbacks: list = []
     if mode == "pipeopt":
         noise.window_rate = lambda stats, settings: Rate(300.0 if settings.num_workers else 100.0, 0.01)
-        noise.window_wait = lambda stats, settings: 0.5
+        noise.window_wait = noise.window_supply_wait = lambda stats, settings: 0.5
     if mode == "cache":
         noise.window_rate = lambda stats, settings: Rate(300.0 if settings.cache else 100.0, 0.01)
     if mode in ("pipeopt", "batch", "cache"):

@@ -1,13 +1,14 @@
 """The capacity model of the loader, fitted to synthetic windows: what it predicts from the before-window alone, and
 after one window with workers, on latency-bound, CPU-bound and memory-bound pipelines."""
 
+import dataclasses
 import math
 
 import pytest
 
 from pipeopt.tuning import capacity
 from pipeopt.tuning.loader_search import LoaderSettings
-from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND, World
+from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND, RECEIVING, World
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
 
@@ -79,6 +80,17 @@ def test_a_faster_step_seen_with_workers_raises_the_pick():
     refit = capacity.fit([slow_read(USER), LATENCY(workers(first))], cpus=2)
     assert refit.step_rate == pytest.approx(1000.0)
     assert refit.best(64) > first
+
+
+def test_a_wait_with_a_batch_ready_is_the_steps_own_not_the_loaders():
+    trial = RECEIVING(workers(12))  # 1,200/s of supply; the step with receiving takes 833/s and waits 17 % of it
+    assert trial.data_wait_frac == pytest.approx(1 / 6) and trial.supply_wait_frac == pytest.approx(0.0)
+    refit = capacity.fit([RECEIVING(USER), trial], cpus=2)
+    assert refit.step_rate == pytest.approx(RECEIVING.rate(12)) == pytest.approx(1000 / 1.2)
+    assert refit.rate(refit.best(64)) == pytest.approx(RECEIVING.rate(12))  # no gain predicted from more workers
+    # read as supply (where the loader's stock is not known), the same wait promises the step's 1,000/s
+    unknown = dataclasses.replace(trial, supply_wait_frac=None)
+    assert capacity.fit([RECEIVING(USER), unknown], cpus=2).step_rate == pytest.approx(1000.0)
 
 
 def test_nothing_measured_no_model():

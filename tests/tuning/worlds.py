@@ -25,11 +25,13 @@ class World:
     load_cpu: float  # CPU-seconds per sample of loading
     worker_mem: int = 0
     fail_from: int | None = None  # this many workers or more crash
+    receive_s: float = 0.0  # seconds per sample the loop spends taking a ready batch from a worker (a wait, not supply)
 
     def rate(self, workers: int) -> float:
         if workers == 0:  # loading and the step take turns in the main process
             return 1.0 / (1.0 / self.step_rate + 1.0 / self.loader_rate)
-        return min(self.step_rate, workers * self.loader_rate, self.cpus / (self.main_cpu + self.load_cpu))
+        step = 1.0 / (1.0 / self.step_rate + self.receive_s)  # with workers, each batch is also received
+        return min(step, workers * self.loader_rate, self.cpus / (self.main_cpu + self.load_cpu))
 
     def best(self, most: int = 64) -> tuple[int, float]:
         """The fewest workers reaching the best rate, and that rate."""
@@ -42,19 +44,24 @@ class World:
             return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
         rate = self.rate(n)
         wait = 1.0 - rate / self.step_rate
+        starved = wait - (rate * self.receive_s if n else 0.0)  # what remains once receiving is taken out
         if n == 0:
             main, workers = rate * (self.main_cpu + self.load_cpu), 0.0
         else:
             main, workers = rate * self.main_cpu, rate * self.load_cpu
         return Trial(settings, Rate(rate, 0.01), data_wait_frac=wait, cpu_main_pct=100 * main + SPIN_PCT * wait,
                      cpu_workers_pct=100 * workers, worker_mem_bytes=self.worker_mem if n else None,
-                     load_cpu_s=self.load_cpu, step_cpu_s=self.main_cpu)
+                     load_cpu_s=self.load_cpu, step_cpu_s=self.main_cpu, supply_wait_frac=max(0.0, starved))
 
 
 #: Storage latency: each loader waits on slow storage (100 samples/s, little CPU); the step takes 1000/s.
 LATENCY = World(step_rate=1000.0, loader_rate=100.0, cpus=2, main_cpu=0.001, load_cpu=0.0002)
 #: CPU-bound decoding: a sample costs 4 ms of CPU to load; 2 CPUs cap the rate at 400/s whatever the workers.
 CPU_BOUND = World(step_rate=1000.0, loader_rate=250.0, cpus=2, main_cpu=0.001, load_cpu=0.004)
+#: Storage latency where taking a batch from a worker costs the loop 0.2 ms a sample: with workers the step reaches
+#: 1 / (1 ms + 0.2 ms) = 833/s and then still waits 17 % of it - with a batch ready every time, so no worker count
+#: takes that wait away.
+RECEIVING = World(step_rate=1000.0, loader_rate=100.0, cpus=2, main_cpu=0.001, load_cpu=0.0002, receive_s=0.0002)
 #: Storage latency, where each worker takes 2 GiB of private memory and workers may take 5 GiB.
 MEMORY_BOUND = World(step_rate=1000.0, loader_rate=100.0, cpus=2, main_cpu=0.001, load_cpu=0.0002,
                      worker_mem=2 * GIB)
