@@ -7,6 +7,9 @@
 For each scenario, in one invocation and in rounds whose order rotates (every repeat kept):
 - **ceiling**: the same model and step over batches already resident in memory (one epoch's batches, made once by
   a DataLoader beforehand and replayed every epoch): what the step alone allows;
+- **items** (where every item is deterministic, so a store may hold all of it): the same step over a DataLoader
+  (``num_workers=0``, the same shuffle and batch) of the items made once beforehand and kept in memory - the best
+  any store of whole items can do, since a fresh batch is still drawn, collated and handed over every step;
 - **grid**: the DataLoader at each of the scenario's settings (no cache);
 - **pipeopt**: the naive loader (``num_workers=0``) under ``PipeOpt(tune=...)`` with the ``"cache"`` group.
 Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
@@ -58,6 +61,7 @@ class CacheScenario:
     grid: tuple[dict[str, Any], ...]
     tune: tuple[str, ...]
     vision: bool = False
+    whole: bool = False  # every item is deterministic, so all of it may be cached: the "items" arm applies
 
 
 def _workers(*counts: int, prefetch: int = 2) -> tuple[dict[str, Any], ...]:
@@ -104,7 +108,7 @@ def random_crop_chain() -> Dataset:
 SCENARIOS = {s.name: s for s in (
     CacheScenario("storage_latency", "8 samples/step, 10 ms storage latency per sample, 2x2048 MLP; 4,800 samples "
                   "(600 steps) an epoch", lambda: SlowStorage(n=4800, delay_s=0.010),
-                  lambda: Classifier(mlp(64, 2048, 2)), 8, 4, _workers(8, 16), ("loader", "cache")),
+                  lambda: Classifier(mlp(64, 2048, 2)), 8, 4, _workers(8, 16), ("loader", "cache"), whole=True),
     CacheScenario("storage_latency_high", "40 ms storage latency a sample, 8 samples/step, a 1x256 MLP (a step of a "
                   "few ms): hiding 320 ms of latency a batch needs ~100 workers, pipeopt's cap is 64; 12,000 samples "
                   "(1,500 steps) an epoch", lambda: SlowStorage(n=12000, delay_s=0.040),
@@ -112,12 +116,12 @@ SCENARIOS = {s.name: s for s in (
     CacheScenario("validation_chain", "ImageFolder of 4,096 384 px JPEGs (512 files, each listed 8 times), "
                   "Resize(128) + CenterCrop(112) + ToTensor + Normalize (all deterministic), small CNN, 32/step",
                   validation_chain, lambda: Classifier(small_cnn(10)), 32, 4, _workers(2, 3, 4),
-                  ("loader", "cache"), vision=True),
+                  ("loader", "cache"), vision=True, whole=True),
     CacheScenario("validation_chain_long", "the validation chain over 16,384 entries (the 512 files each listed 32 "
                   "times): an epoch of ~20 s at the best DataLoader's pace, where the 4,096 of validation_chain take "
                   "~6 s - less than pipeopt's measured decisions (the loader search, then the cache's trial)",
                   lambda: validation_chain(32), lambda: Classifier(small_cnn(10)), 32, 4, _workers(2, 3, 4),
-                  ("loader", "cache"), vision=True),
+                  ("loader", "cache"), vision=True, whole=True),
     CacheScenario("imagefolder_decode", "the same ImageFolder, RandomResizedCrop(112) + flip + ToTensor + Normalize "
                   "(only the decode is cacheable), small CNN, 32/step; DALI allowed too", random_crop_chain,
                   lambda: Classifier(small_cnn(10)), 32, 4, _workers(2, 3, 4),
@@ -210,6 +214,21 @@ def ceiling_batches(s: CacheScenario, dataset: Dataset) -> Resident:
                                     num_workers=workers)))
 
 
+class Items(Dataset):
+    """Every item of a dataset, made once and kept in memory: the best any store of whole items can do - the
+    DataLoader still draws, collates and hands over a fresh batch each step, as pipeopt's cached loader does."""
+
+    def __init__(self, dataset: Dataset, workers: int) -> None:
+        made = DataLoader(dataset, batch_size=None, num_workers=workers)  # made in parallel: only the values matter
+        self.items = [tuple(x.clone() if hasattr(x, "clone") else x for x in item) for item in made]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
 def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path) -> dict[str, Any]:
     callback = PipeOpt(tune=s.tune, report_dir=report_dir, cache=False, console=Console(file=io.StringIO()))
     out = fit(s, DataLoader(dataset, batch_size=s.batch_size, shuffle=True, drop_last=True), [callback])
@@ -231,10 +250,13 @@ def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path) -> dict[st
 def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
     dataset = s.make_dataset()
     resident = ceiling_batches(s, dataset)
+    items = Items(dataset, 2 if s.vision else 32) if s.whole else None
     rounds = []
     for r in range(repeats):
         arms: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("ceiling", lambda: fit(s, resident, [])),
+            *([("items", lambda: fit(s, DataLoader(items, batch_size=s.batch_size, shuffle=True, drop_last=True),
+                                     []))] if items is not None else []),
             *[(label(g), lambda g=g: fit(s, DataLoader(dataset, batch_size=s.batch_size, shuffle=True,
                                                        drop_last=True, **g), [])) for g in s.grid],
             ("pipeopt", lambda: pipeopt_arm(s, dataset, Path(tempfile.mkdtemp(prefix="pipeopt-bench-")))),
@@ -249,7 +271,10 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
         best = max(grid, key=lambda k: grid[k]["from_epoch2_samples_per_s"])
         p, c = measured["pipeopt"]["from_epoch2_samples_per_s"], measured["ceiling"]["from_epoch2_samples_per_s"]
         last = measured["pipeopt"]["epoch_samples_per_s"][-1] / measured["ceiling"]["epoch_samples_per_s"][-1]
-        rounds.append({"arms": measured, "best_dataloader": best,
+        bound = {} if items is None else {
+            "items_over_ceiling": measured["items"]["from_epoch2_samples_per_s"] / c,
+            "pipeopt_over_items": p / measured["items"]["from_epoch2_samples_per_s"]}
+        rounds.append({"arms": measured, "best_dataloader": best, **bound,
                        "pipeopt_over_ceiling": p / c, "pipeopt_over_ceiling_last_epoch": last,
                        "pipeopt_over_best_dataloader": p / grid[best]["from_epoch2_samples_per_s"],
                        "best_dataloader_over_ceiling": grid[best]["from_epoch2_samples_per_s"] / c})
@@ -284,12 +309,18 @@ def _mmm(values: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(median(values))} [{fmt.format(min(values))} - {fmt.format(max(values))}]"
 
 
+def _bound(rounds: list[dict[str, Any]], key: str) -> str:
+    values = [r[key] for r in rounds if key in r]
+    return _mmm(values) if values else "-"
+
+
 def sample_cache_rows(data: dict[str, Any]) -> list[str]:
     """The results README's rows: per scenario, the ratios from epoch 2 (median [min - max] over rounds)."""
     lines = ["", "| sample cache (`make bench-cache`) | ceiling samples/s | best DataLoader | its samples/s | "
              "pipeopt samples/s | pipeopt / ceiling | pipeopt / ceiling, last epoch | pipeopt / best DataLoader | "
+             "items in memory / ceiling | pipeopt / items in memory | "
              "pipeopt kept | store used / budget | peak RSS of the process tree, pipeopt vs best DataLoader |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, s in data["scenarios"].items():
         rounds = s["rounds"]
         ceiling = [r["arms"]["ceiling"]["from_epoch2_samples_per_s"] for r in rounds]
@@ -306,11 +337,15 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
                      f"{_mmm(ours, '{:,.0f}')} | "
                      f"{_mmm([r['pipeopt_over_ceiling'] for r in rounds])} | "
                      f"{_mmm([r['pipeopt_over_ceiling_last_epoch'] for r in rounds])} | "
-                     f"{_mmm([r['pipeopt_over_best_dataloader'] for r in rounds])} | {kept} | {used or '-'} | {pss} |")
+                     f"{_mmm([r['pipeopt_over_best_dataloader'] for r in rounds])} | "
+                     f"{_bound(rounds, 'items_over_ceiling')} | {_bound(rounds, 'pipeopt_over_items')} | "
+                     f"{kept} | {used or '-'} | {pss} |")
     lines += ["", "Sample cache: every arm runs the same epochs, in rounds whose order rotates; figures from epoch 2 "
               "on (every epoch after the first), median [min - max] over the rounds; ratios within a round. Ceiling: "
-              "the same step over one epoch's batches already in memory. Per-epoch figures, the cache's hit rate and "
-              "fill cost per run are in `sample_cache.json`."]
+              "the same step over one epoch's batches already in memory. Items in memory (where every item is "
+              "deterministic): the same step over a DataLoader of the items made beforehand and kept in memory - the "
+              "best a store of whole items can do, a fresh batch still drawn and collated each step; - where not "
+              "measured. Per-epoch figures, the cache's hit rate and fill cost per run are in `sample_cache.json`."]
     return lines
 
 
