@@ -50,7 +50,7 @@ class WindowStats:
     step_cpu_s: float = 0.0  # CPU seconds per step of the training process outside the fetch (``StepRecord``)
     fetch_cpu_s: float = 0.0  # CPU seconds per step of the training thread inside the fetch: with no workers, loading
     supply_ratio: float | None = None  # batches the loader made per batch taken in the window (``supply_ratio``)
-    starved_wait_frac: float | None = None  # the share of it waited with no finished batch ready (``starved_wait``)
+    starved_wait_frac: float | None = None  # the share of the window waited with no batch ready (``starved_wait``)
 
     @property
     def sustained_per_s(self) -> float:

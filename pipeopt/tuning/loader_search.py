@@ -118,7 +118,7 @@ class Trial:
     predicted: float | None = None  # the capacity model's rate for these settings when they were proposed
     load_cpu_s: float | None = None  # CPU seconds a sample costs to load (``session.cpu_per_sample``)
     step_cpu_s: float | None = None  # CPU seconds per sample of the step: the process's, outside the fetch
-    supply_wait_frac: float | None = None  # the share of the wait with no batch ready (None: not measured)
+    supply_wait_frac: float | None = None  # the share of the step waited with no batch ready (None: not measured)
 
     @property
     def ok(self) -> bool:
