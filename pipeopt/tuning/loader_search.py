@@ -403,10 +403,7 @@ def close_call(best: Trial, baseline: Trial, floor: float) -> bool:
     """The fastest setting is ahead of the user's (measured once) by more than the floor, but within noise: worth a
     second window of the user's settings, late in the search as the trials were - a drift of the machine's pace is
     then in both sides of the comparison."""
-    if best is baseline or baseline.repeats > 1:
-        return False
-    fast, base = measured(best.rate), measured(baseline.rate)
-    return fast.value > base.value * (1.0 + floor) and not faster(fast, base, floor)
+    return baseline.repeats == 1 and _ahead_within_noise(best, baseline, floor)
 
 
 def still_close(best: Trial, baseline: Trial, floor: float) -> bool:
@@ -414,7 +411,11 @@ def still_close(best: Trial, baseline: Trial, floor: float) -> bool:
     and within noise: worth its own second window. One window of a few workers reads with a standard error of
     8-9 % on a 2-CPU machine (their batches come in bursts), so a gain under ~18 % cannot show in it; two
     windows a side show ~12 %."""
-    if best is baseline or best.repeats > 1 or best.rate is None:
+    return best.repeats == 1 and _ahead_within_noise(best, baseline, floor)
+
+
+def _ahead_within_noise(best: Trial, baseline: Trial, floor: float) -> bool:
+    if best is baseline or best.rate is None:
         return False
     fast, base = measured(best.rate), measured(baseline.rate)
     return fast.value > base.value * (1.0 + floor) and not faster(fast, base, floor)
