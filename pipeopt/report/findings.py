@@ -20,11 +20,13 @@ def trial_rows(trials: Sequence[Trial]) -> list[TrialRow]:
 
 
 def predicted_speedup(session: LoaderSession) -> float | None:
-    """The kept change's trial rate over the before-window's (None when nothing changed)."""
+    """The kept change's trial rate over the before-window's (None when nothing changed); for workers added for
+    the model's headroom (``LoaderSearch.with_headroom``), the model's rate for them."""
     chosen, before = session.chosen, session.before_rate
     if chosen is None or chosen.rate is None or before is None or not session.changes:
         return None
-    return chosen.rate.value / before.value
+    rate = chosen.predicted if chosen.headroom_from is not None and chosen.predicted else chosen.rate.value
+    return rate / before.value
 
 
 def loader_changes(session: LoaderSession) -> list[Change]:

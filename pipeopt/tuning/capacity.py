@@ -92,6 +92,13 @@ class Capacity:
         return max(1, min(most, math.ceil(goal / self.loader_rate)))
 
 
+def supply_wait(t: Trial) -> float:
+    """The share of ``t``'s steps more loaders could take away: the wait with no batch ready (all of the wait where
+    the loader's stock was not read), capped at ``MAX_WAIT``."""
+    share = t.data_wait_frac if t.supply_wait_frac is None else t.supply_wait_frac
+    return min(max(share or 0.0, 0.0), MAX_WAIT)
+
+
 def fit(trials: Sequence[Trial], *, cpus: float, memory_bytes: int | None = None,
         training_mem_bytes: int | None = None) -> Capacity | None:
     """The model of the measured ``trials`` (the baseline first); None when no trial measured a rate.
@@ -100,17 +107,13 @@ def fit(trials: Sequence[Trial], *, cpus: float, memory_bytes: int | None = None
     if not ok:
         return None
 
-    def wait(t: Trial) -> float:  # the wait more loaders could take away: with no batch ready (all, unmeasured)
-        share = t.data_wait_frac if t.supply_wait_frac is None else t.supply_wait_frac
-        return min(max(share or 0.0, 0.0), MAX_WAIT)
-
     stepped = [t for t in ok if t.settings.num_workers] or ok  # with workers, the step also receives each batch
-    step_rate = max(t.rate.value / (1.0 - wait(t)) for t in stepped if t.rate is not None)
+    step_rate = max(t.rate.value / (1.0 - supply_wait(t)) for t in stepped if t.rate is not None)
     loader_rate = None
     for t in ok:  # the latest window limited by its supply says what one loader delivers
-        if t.rate is not None and wait(t) >= SUPPLY_BOUND_WAIT:
+        if t.rate is not None and supply_wait(t) >= SUPPLY_BOUND_WAIT:
             n = t.settings.num_workers
-            loader_rate = t.rate.value / n if n else t.rate.value / wait(t)
+            loader_rate = t.rate.value / n if n else t.rate.value / supply_wait(t)
     if loader_rate is None:  # nothing waited: every loader kept up; a worker delivers at least the step's share
         loader_rate = step_rate
     measured_load = [t.load_cpu_s for t in ok if t.load_cpu_s is not None]

@@ -18,7 +18,9 @@ The search (a plan, fed one measured trial at a time):
    mostly wait on storage use little CPU and may outnumber the cores), and their measured private memory must fit
    the memory available. Then refine: the midpoints between the best count and its tried neighbours.
 4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise, among those
-   whose workers' measured memory fits.
+   whose workers' measured memory fits - given the model's headroom (``with_headroom``): when the refitted model
+   picks more workers than it has (a trial that reached the step's pace with no supply to spare) and they fit the
+   budget, those are kept, and the after-window measures them.
 5. DALI (when it may be tried: the ``"dali"`` group, DALI installed, a dataset it can rebuild): one more
    candidate, measured like the others (once more when too close to call). It is chosen only when it beats every
    DataLoader setting beyond noise: at a tie the DataLoader, the user's own machinery, wins.
@@ -119,6 +121,7 @@ class Trial:
     load_cpu_s: float | None = None  # CPU seconds a sample costs to load (``session.cpu_per_sample``)
     step_cpu_s: float | None = None  # CPU seconds per sample of the step: the process's, outside the fetch
     supply_wait_frac: float | None = None  # the share of the step waited with no batch ready (None: not measured)
+    headroom_from: int | None = None  # a choice given the model's headroom: the worker count its rate was measured with
 
     @property
     def ok(self) -> bool:
@@ -217,6 +220,19 @@ class LoaderSearch:
                     -measured(t.rate).value)
 
         return min(unbeaten or ok, key=cost)
+
+    def with_headroom(self, chosen: Trial) -> Trial:
+        """``chosen`` with the workers the refitted model picks, when more that fit the budget: its trial reached the
+        step's pace (a lower bound that moves) with no supply to spare. Predicted, not measured: the after-window
+        checks them. Not after a fallback, under DALI, nor for the user's settings (``docs/loader-tuning.md``)."""
+        s, model = chosen.settings, self._model()
+        n = model.best(MAX_WORKERS)  # (a trial its supply limited: the search tries more workers itself, if it may)
+        if (chosen is self.baseline or not chosen.ok or s.dali or not 0 < s.num_workers < n or self.fell_back
+                or not self.budget.may_change_workers or capacity.supply_wait(chosen) >= capacity.SUPPLY_BOUND_WAIT
+                or over_budget(n, self.trials, self.budget)[0]):
+            return chosen
+        self.predictions[settings := dataclasses.replace(s, num_workers=n)] = model.rate(n)
+        return dataclasses.replace(chosen, settings=settings, predicted=model.rate(n), headroom_from=s.num_workers)
 
     def best_dataloader(self) -> Trial:
         """The fastest DataLoader setting measured that may be chosen (its workers fit their memory; the baseline at

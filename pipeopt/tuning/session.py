@@ -319,7 +319,7 @@ class LoaderSession:
         if search is None:
             return
         self.notes.extend(search.summary())
-        self.chosen, self.before_rate = search.choice(), search.baseline.rate  # the user's, pooled if measured again
+        self.chosen, self.before_rate = search.with_headroom(search.choice()), search.baseline.rate  # pooled if again
         user = self._switcher.user_settings
         if self.chosen.settings == user:
             self._back_to_user("your settings")
@@ -511,6 +511,10 @@ def _kept_reasons(user: LoaderSettings, before: Rate | None, chosen: Trial) -> C
             return "workers would otherwise restart at every remaining epoch boundary"
         if knob == "prefetch_factor" and user.num_workers == 0:
             return "comes with worker processes (torch's default)"
+        if knob == "num_workers" and chosen.headroom_from is not None:
+            return (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s with {chosen.headroom_from} in their trial, "
+                    f"the cheapest no other trial beat beyond noise; {chosen.settings.num_workers} give their supply "
+                    f"the loader model's headroom over the step (predicted {chosen.predicted or 0:,.1f})")
         return f"{measured_gain}; the cheapest setting no other trial beat beyond noise"
 
     return reason

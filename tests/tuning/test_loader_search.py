@@ -346,3 +346,50 @@ def with_dali_on(world, rate):
     def both(settings):
         return trial(settings, rate, 0.0) if settings.dali else world(settings)
     return both
+
+
+def knife_edge(settings, cpu_per_worker=5.0):
+    """Storage latency as measured on a 2-CPU host: one loader delivers 100 samples/s; the before-window, waiting
+    85 % of each step, reads the step slow (80/s), and 7 workers then measure 700/s - the step's pace and exactly
+    their supply, so none of their wait found the stock empty."""
+    n = settings.num_workers
+    if n == 0:  # loading in the main process: 0.2 ms of its CPU a sample (the rest of a read is waiting)
+        return dataclasses.replace(trial(settings, 80.0, 0.85), load_cpu_s=0.0002)
+    rate = min(700.0, 100.0 * n)
+    return dataclasses.replace(trial(settings, rate, 0.12, cpu_workers=cpu_per_worker * n),
+                               supply_wait_frac=0.0 if rate >= 700.0 else 1 - rate / 700.0)
+
+
+def test_a_choice_with_no_supply_to_spare_is_kept_with_the_models_headroom():
+    search = LoaderSearch(knife_edge(USER), Budget(cpus=2, more_epochs=True))
+    assert [p.num_workers for p in run(search, knife_edge)] == [7]  # the pick, from the before-window's slow step
+    assert "predicts no gain beyond noise over 7 workers" in search.stop_reason  # a rate model: 9 read 700/s too
+    chosen = search.choice()
+    kept = search.with_headroom(chosen)
+    # 7 deliver 700/s, the step's measured pace; a loader delivers 80 / 0.85 = 94/s (the before-window: the only one
+    # its supply limited), so 25 % headroom over the step takes ceil(0.97 x 1.25 x 700 / 94.1) = 10
+    assert (chosen.settings.num_workers, kept.settings.num_workers, kept.headroom_from) == (7, 10, 7)
+    assert kept.settings == dataclasses.replace(chosen.settings, num_workers=10)  # the rest of the choice kept
+    assert kept.predicted == pytest.approx(700.0) and search.predictions[kept.settings] == kept.predicted
+    assert kept.rate == chosen.rate  # what was measured stays what was measured
+
+
+def test_the_headroom_is_only_added_where_the_model_holds_and_the_workers_fit():
+    def cpu_heavy(settings):  # the same, each worker a whole CPU busy: 10 workers do not fit 2 CPUs
+        return knife_edge(settings, cpu_per_worker=100.0)
+
+    def kept(world, budget=None):
+        search = LoaderSearch(world(USER), budget or Budget(cpus=2, more_epochs=True))
+        run(search, world)
+        return search.with_headroom(search.choice()).settings.num_workers
+
+    assert kept(cpu_heavy) == 7
+    assert kept(knife_edge, Budget(cpus=2, memory_bytes=8 * GIB, training_mem_bytes=1 * GIB)) == 8  # 8 GiB: 8 fit
+    search = LoaderSearch(knife_edge(USER), Budget(cpus=2))
+    run(search, knife_edge)
+    assert search.with_headroom(search.baseline) is search.baseline  # the user's own settings are never grown
+    supply_bound = dataclasses.replace(search.choice(), supply_wait_frac=0.2)  # its supply limited it: the search's
+    assert search.with_headroom(supply_bound) is supply_bound  # own next trial, not an unmeasured count
+    fell_back = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    run(fell_back, thrashing)
+    assert fell_back.with_headroom(fell_back.choice()) == fell_back.choice()  # the model had it wrong

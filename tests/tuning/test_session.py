@@ -298,3 +298,27 @@ def test_a_window_paced_in_seconds_takes_at_most_a_third_of_what_the_fit_has_lef
     windows.steps_left = lambda: None  # an unbounded fit: seconds at the pace, as before
     windows.measure("after", 0, settings)
     assert shapes[-1] == ("after", 0, 5000)
+
+
+def test_a_choice_with_no_supply_to_spare_is_measured_and_kept_with_the_models_headroom():
+    from pipeopt.report.findings import loader_changes
+
+    s, switcher, _ = session()
+    # before: 80 samples/s waiting 85 % of each 100 ms step, 0.2 ms of the main process's CPU a sample loading
+    s.on_window(make_window(samples_per_s=80.0, data_wait_frac=0.85, rate_rel_se=0.01, fetch_cpu_s=0.0016,
+                            samples=80, steps=10))
+    s.on_step_end()
+    pick = switcher.switches[-1].num_workers
+    # its trial: the step's pace, every fetch finding a batch ready - no supply to spare, and no gain predicted
+    s.on_window(make_window(samples_per_s=100.0 * pick, data_wait_frac=0.12, starved_wait_frac=0.0,
+                            rate_rel_se=0.01, samples=320, steps=10))
+    s.on_step_end()
+    assert s.state == "after" and len(s.search.trials) == 2
+    grown = switcher.switches[-1]  # the after-window measures the workers the model keeps headroom with
+    assert grown.num_workers > pick and s.chosen.headroom_from == pick and s.chosen.settings == grown
+    s.on_window(make_window(samples_per_s=100.0 * pick, data_wait_frac=0.05, rate_rel_se=0.01))
+    s.on_step_end()
+    assert s.state == "done" and s.kept == grown
+    change = next(c for c in loader_changes(s) if c.knob == "num_workers")
+    assert change.after == grown.num_workers and f"with {pick} in their trial" in change.reason
+    assert "headroom" in change.reason and change.predicted_speedup == pytest.approx(s.chosen.predicted / 80.0)
