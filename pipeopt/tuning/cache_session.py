@@ -7,10 +7,11 @@ windows measured beside that work are not ``quiet`` and are not pooled). Then, o
 
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
-   epoch is not spent on one more window of the slow settings; a window of its own when they do not yet, or under
-   DALI (whose loader does not fill the store). Nothing is tried when the loop waited for data under 5 % of its
-   steps there (taking that away could not beat the noise floor); the user's own settings under 10 % (the loader
-   search's before-window) skip the whole session (``begin``);
+   epoch is not spent on one more window of the slow settings; a window of its own when they do not yet. Under DALI
+   (whose loader does not fill the store: a DataLoader does) only the loader search's windows of DALI count, and
+   when they span less, DALI comes back for a window of its own before the trials. Nothing is tried when the loop
+   waited for data under 5 % of its steps there (taking that away could not beat the noise floor); the user's own
+   settings under 10 % (the loader search's before-window) skip the whole session (``begin``);
 2. a trial reading from the store with the same workers;
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
@@ -149,10 +150,10 @@ class CacheSession:
                 self._filling.append((measured, figures.step_time_s * stats.steps, figures.data_wait_frac))
             if not figures.store_cold and self._room():
                 self.state = CachePhase.BEFORE
-                if self._applied != self.baseline:  # filled by a DataLoader: DALI again for the window before
+                pooled = pool_recent(self._filling, self._windows.min_window_s)
+                if self._applied != self.baseline and pooled is None:  # filled by a DataLoader: DALI measured again
                     self._apply(self.baseline, "cache: before")
                     return
-                pooled = pool_recent(self._filling, self._windows.min_window_s)
                 if pooled is None:  # too little of the settings in place measured yet
                     self._windows.measure("cache: before", 0, self._applied)
                 else:

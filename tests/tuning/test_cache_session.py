@@ -192,6 +192,26 @@ def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
         "cache": (False, True), "dali": ("cpu", None), "num_workers": (0, 1)}
 
 
+def test_under_dali_the_loader_searchs_windows_of_dali_are_the_window_before():
+    """DALI was measured by the loader search (its trial and after-window): pooled, they are the window before, and
+    the first cached trial follows the filling DataLoader at once - no switch back to DALI for a window of its own.
+    They are DALI's alone: the filling DataLoader's windows are not the settings in place."""
+    dali, two = LoaderSettings.dali_on("cpu"), dataclasses.replace(EIGHT, num_workers=2)
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = dali
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=3.0),
+                           warm=lambda: labels.count("window") >= 2, fills=lambda: False)
+    session.begin(0.3, two, [(Rate(500.0, 0.01), 1.5, 0.3), (Rate(520.0, 0.01), 1.5, 0.3)])
+    for _ in range(2):  # the filling DataLoader, at 400/s: cold, then warm
+        session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.5, rate_rel_se=0.01))
+        labels.append("window")
+        session.on_step_end()
+    assert switcher.switches == [two, dataclasses.replace(two, cache=True)] and "cache: before" not in labels
+    assert session.before is not None and session.before.value == 510.0  # DALI's two windows, not the filler's
+
+
 def test_no_cache_trial_starts_that_the_fit_cannot_finish():
     switcher = FakeSwitcher()
     switcher.current = EIGHT
