@@ -55,6 +55,23 @@ def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_
     return session, switcher
 
 
+def labelled(current: LoaderSettings, *, warm_after: int, fills: bool):
+    """A session whose windows' labels are recorded (a trial asks for 3 s), warm after ``warm_after`` windows."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = current
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=3.0),
+                           warm=lambda: labels.count("window") >= warm_after, fills=lambda: fills)
+    return session, switcher, labels
+
+
+def window_ends(session: CacheSession, labels: list[str], rate: float, wait: float) -> None:
+    session.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01))
+    labels.append("window")
+    session.on_step_end()
+
+
 def test_the_cache_is_tried_once_the_store_is_warm_and_kept_with_fewer_workers():
     session, switcher = run(world_storage_bound)
     # two windows filling (cold), then before; the cache with the 8 workers in place, then the main process alone
@@ -93,16 +110,9 @@ def test_the_loader_searchs_windows_of_the_settings_in_place_are_pooled_into_the
     that finds the store warm completes a window before of a trial's length - no window of its own. Without them
     (a 1 s window against 3 s asked), the warm epoch pays one more window of the slow settings."""
     def tried(measured):
-        labels: list[str] = []
-        switcher = FakeSwitcher()
-        switcher.current = EIGHT
-        session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
-                                                              min_window_s=3.0),
-                               warm=lambda: labels.count("window") >= 1, fills=lambda: True)
+        session, _, labels = labelled(EIGHT, warm_after=1, fills=True)
         session.begin(0.6, None, measured)
-        session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.6, rate_rel_se=0.01))  # 10 x 0.1 s
-        labels.append("window")
-        session.on_step_end()
+        window_ends(session, labels, 400.0, 0.6)  # 10 x 0.1 s
         return session, labels
 
     session, labels = tried([(Rate(300.0, 0.01), 2.5, 0.6)])
@@ -197,17 +207,10 @@ def test_under_dali_the_loader_searchs_windows_of_dali_are_the_window_before():
     the first cached trial follows the filling DataLoader at once - no switch back to DALI for a window of its own.
     They are DALI's alone: the filling DataLoader's windows are not the settings in place."""
     dali, two = LoaderSettings.dali_on("cpu"), dataclasses.replace(EIGHT, num_workers=2)
-    labels: list[str] = []
-    switcher = FakeSwitcher()
-    switcher.current = dali
-    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
-                                                          min_window_s=3.0),
-                           warm=lambda: labels.count("window") >= 2, fills=lambda: False)
+    session, switcher, labels = labelled(dali, warm_after=2, fills=False)
     session.begin(0.3, two, [(Rate(500.0, 0.01), 1.5, 0.3), (Rate(520.0, 0.01), 1.5, 0.3)])
     for _ in range(2):  # the filling DataLoader, at 400/s: cold, then warm
-        session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.5, rate_rel_se=0.01))
-        labels.append("window")
-        session.on_step_end()
+        window_ends(session, labels, 400.0, 0.5)
     assert switcher.switches == [two, dataclasses.replace(two, cache=True)] and "cache: before" not in labels
     assert session.before is not None and session.before.value == 510.0  # DALI's two windows, not the filler's
 
