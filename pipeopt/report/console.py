@@ -77,8 +77,7 @@ def render(report: Report) -> Group:
         lines.append("Verdict: not enough steps were measured for a window "
                      f"({report.steps_measured} steps seen).\n")
     if report.predicted_speedup is not None:
-        lines.append("Predicted speedup of the change (its trial; workers added for headroom: the loader model): "
-                     f"{report.predicted_speedup:.2f}x\n")
+        lines.append(f"Predicted speedup of the change (trial or loader model): {report.predicted_speedup:.2f}x\n")
     if report.measured_speedup is not None:
         what = "after over before" if report.mode == "tune" else "last over first window"
         error = report.prediction_error
