@@ -222,17 +222,17 @@ class LoaderSearch:
         return min(unbeaten or ok, key=cost)
 
     def with_headroom(self, chosen: Trial) -> Trial:
-        """``chosen`` with the workers the refitted model picks, when more that fit the budget: its trial reached the
-        step's pace (a lower bound that moves) with no supply to spare. Predicted, not measured: the after-window
-        checks them. Not after a fallback, under DALI, nor for the user's settings (``docs/loader-tuning.md``)."""
+        """``chosen`` with the refitted model's worker count when that is more and fits the budget: its trial reached
+        the step's pace with no supply to spare. Predicted, not measured (``docs/loader-tuning.md``)."""
         s, model = chosen.settings, self._model()
-        n = model.best(MAX_WORKERS)  # (a trial its supply limited: the search tries more workers itself, if it may)
+        n = model.best(MAX_WORKERS)
         if (chosen is self.baseline or not chosen.ok or s.dali or not 0 < s.num_workers < n or self.fell_back
                 or not self.budget.may_change_workers or capacity.supply_wait(chosen) >= capacity.SUPPLY_BOUND_WAIT
                 or over_budget(n, self.trials, self.budget)[0]):
-            return chosen
-        self.predictions[settings := dataclasses.replace(s, num_workers=n)] = model.rate(n)
-        return dataclasses.replace(chosen, settings=settings, predicted=model.rate(n), headroom_from=s.num_workers)
+            return chosen  # (a trial its supply limited: the search tries more workers itself, where it may)
+        settings, predicted = dataclasses.replace(s, num_workers=n), model.rate(n)
+        self.predictions[settings] = predicted  # the after-window is sized at this pace
+        return dataclasses.replace(chosen, settings=settings, predicted=predicted, headroom_from=s.num_workers)
 
     def best_dataloader(self) -> Trial:
         """The fastest DataLoader setting measured that may be chosen (its workers fit their memory; the baseline at
