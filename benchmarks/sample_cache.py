@@ -363,10 +363,10 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
               "on (every epoch after the first), median [min - max] over the rounds; ratios within a round. Ceiling: "
               "the same step over one epoch's batches already in memory; the ceiling beside an arm: two epochs of it "
               "just before and just after that arm (the second's rate, averaged), where measured. Items in memory "
-              "(where every item is "
-              "deterministic): the same step over a DataLoader of the items made beforehand and kept in memory - the "
-              "best a store of whole items can do, a fresh batch still drawn and collated each step; - where not "
-              "measured. Per-epoch figures, the cache's hit rate and fill cost per run are in `sample_cache.json`."]
+              "(where every item is deterministic): the same step over a DataLoader of the items made beforehand and "
+              "kept in memory - the best a store of whole items can do, a fresh batch still drawn and collated each "
+              "step; - where not measured. Per-epoch figures, the cache's hit rate and fill cost per run are in "
+              "`sample_cache.json`."]
     return lines
 
 
