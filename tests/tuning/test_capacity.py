@@ -8,7 +8,7 @@ import pytest
 
 from pipeopt.tuning import capacity
 from pipeopt.tuning.loader_search import LoaderSettings
-from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND, RECEIVING, World
+from tests.tuning.worlds import CONTENDED, CPU_BOUND, GIB, LATENCY, MEMORY_BOUND, RECEIVING, World
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
 
@@ -50,6 +50,18 @@ def test_cpu_bound_the_cpus_cap_the_rate_whatever_the_count():
     pick = model.best(64)
     assert pick == CPU_BOUND.best()[0] == 2  # no more workers than the CPUs can keep loading
     assert model.rate(pick) == pytest.approx(CPU_BOUND.best()[1])
+
+
+def test_the_steps_cpu_is_the_least_a_window_measured_not_its_spin_beside_workers():
+    trial = CONTENDED(workers(3))  # beside 3 workers the step burns 0.6 ms of CPU a sample, half of it spinning
+    assert trial.step_cpu_s == pytest.approx(0.0006)
+    assert trial.rate.value == pytest.approx(2 / 0.0016)  # the CPUs are spent at that cost
+    model = capacity.fit([CONTENDED(USER), trial], cpus=2)
+    assert model.step_cpu == CONTENDED.main_cpu  # the before-window's: no worker beside the step
+    assert model.cpu_limit == pytest.approx(2 / 0.0013)
+    pick = model.best(64)  # read at 0.6 ms, the CPU limit would be the rate 3 workers just measured: no gain
+    assert pick > 3 and model.rate(pick) > 1.1 * trial.rate.value
+    assert CONTENDED.rate(pick) > 1.05 * trial.rate.value  # and more workers do take that spin back
 
 
 def test_memory_bound_the_count_the_memory_holds():

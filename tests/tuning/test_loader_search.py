@@ -6,7 +6,7 @@ import pytest
 
 from pipeopt.tuning.loader_search import Budget, LoaderSearch, LoaderSettings, Trial
 from pipeopt.tuning.noise import Rate
-from tests.tuning.worlds import CPU_BOUND, GIB, LATENCY, MEMORY_BOUND, RECEIVING
+from tests.tuning.worlds import CONTENDED, CPU_BOUND, GIB, LATENCY, MEMORY_BOUND, RECEIVING
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
 
@@ -66,6 +66,15 @@ def test_cpu_bound_loading_stops_where_the_cpus_are_spent():
     proposed = run(search, CPU_BOUND)
     assert [p.num_workers for p in proposed] == [2]  # 4 ms of CPU a sample: 2 CPUs load 400/s, which 2 workers make
     assert search.choice().rate.value == pytest.approx(CPU_BOUND.best()[1])
+
+
+def test_cpu_bound_loading_beside_a_spinning_step_adds_workers_while_the_model_predicts_a_gain():
+    search = LoaderSearch(CONTENDED(USER), Budget(cpus=2, more_epochs=True))
+    proposed = run(search, CONTENDED)
+    # each trial spends the CPUs; only the step's CPU measured without workers says more workers can still pay
+    assert [p.num_workers for p in proposed] == [2, 4, 6]
+    assert search.choice().settings.num_workers == 6
+    assert search.choice().rate.value >= 0.9 * CONTENDED.best()[1]
 
 
 def test_memory_bound_workers_stay_within_the_memory_they_may_take():

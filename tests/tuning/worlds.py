@@ -2,7 +2,9 @@
 loaders that deliver at a fixed rate each, and CPU-seconds per sample for the training thread and for loading that
 stay what they are whatever the rate (so the CPU use a window reports is the rate times them). As on a real CPU
 machine, the training process's CPU also counts its intra-op threads spinning while the loop waits for data
-(``SPIN_PCT`` of a core for the whole wait): busy-looking time that is no load."""
+(``SPIN_PCT`` of a core for the whole wait): busy-looking time that is no load. Where workers compete with the
+step for the CPUs, the step's intra-op threads also spin at their barriers while one of them is preempted
+(``barrier_cpu``): CPU the step burns without needing it, less the more workers take the CPUs' share."""
 
 from __future__ import annotations
 
@@ -26,12 +28,17 @@ class World:
     worker_mem: int = 0
     fail_from: int | None = None  # this many workers or more crash
     receive_s: float = 0.0  # seconds per sample the loop spends taking a ready batch from a worker (a wait, not supply)
+    barrier_cpu: float = 0.0  # CPU-seconds per sample the step spins at its barriers beside one worker (/ n beside n)
+
+    def step_cpu(self, workers: int) -> float:
+        """CPU-seconds per sample the step burns beside ``workers`` (its own, and its spin at the barriers)."""
+        return self.main_cpu + (self.barrier_cpu / workers if workers else 0.0)
 
     def rate(self, workers: int) -> float:
         if workers == 0:  # loading and the step take turns in the main process
             return 1.0 / (1.0 / self.step_rate + 1.0 / self.loader_rate)
         step = 1.0 / (1.0 / self.step_rate + self.receive_s)  # with workers, each batch is also received
-        return min(step, workers * self.loader_rate, self.cpus / (self.main_cpu + self.load_cpu))
+        return min(step, workers * self.loader_rate, self.cpus / (self.step_cpu(workers) + self.load_cpu))
 
     def best(self, most: int = 64) -> tuple[int, float]:
         """The fewest workers reaching the best rate, and that rate."""
@@ -48,10 +55,10 @@ class World:
         if n == 0:
             main, workers = rate * (self.main_cpu + self.load_cpu), 0.0
         else:
-            main, workers = rate * self.main_cpu, rate * self.load_cpu
+            main, workers = rate * self.step_cpu(n), rate * self.load_cpu
         return Trial(settings, Rate(rate, 0.01), data_wait_frac=wait, cpu_main_pct=100 * main + SPIN_PCT * wait,
                      cpu_workers_pct=100 * workers, worker_mem_bytes=self.worker_mem if n else None,
-                     load_cpu_s=self.load_cpu, step_cpu_s=self.main_cpu, supply_wait_frac=max(0.0, starved))
+                     load_cpu_s=self.load_cpu, step_cpu_s=self.step_cpu(n), supply_wait_frac=max(0.0, starved))
 
 
 #: Storage latency: each loader waits on slow storage (100 samples/s, little CPU); the step takes 1000/s.
@@ -65,3 +72,7 @@ RECEIVING = World(step_rate=1000.0, loader_rate=100.0, cpus=2, main_cpu=0.001, l
 #: Storage latency, where each worker takes 2 GiB of private memory and workers may take 5 GiB.
 MEMORY_BOUND = World(step_rate=1000.0, loader_rate=100.0, cpus=2, main_cpu=0.001, load_cpu=0.0002,
                      worker_mem=2 * GIB)
+#: CPU-bound decoding where the step's threads spin at their barriers beside the workers (0.9 ms a sample beside one,
+#: 0.3 ms beside three): each added worker takes back some of that CPU, so the rate climbs past what the CPUs allowed
+#: beside three - 2 / (1 + 0.3 + 0.3) ms = 1,250/s - towards 2 / 1.3 ms = 1,538/s, as on ``cpu_decode``.
+CONTENDED = World(step_rate=1500.0, loader_rate=1000.0, cpus=2, main_cpu=0.0003, load_cpu=0.001, barrier_cpu=0.0009)
