@@ -3,11 +3,14 @@ run gets to the best setting, and how far the kept change's prediction is from w
 
     python -m benchmarks.predict_verify [--repeats 3] [--steps 1500] [--scenarios storage_latency cpu_decode ...]
     .venv-vision/bin/python -m benchmarks.predict_verify --scenarios dali    (torchvision and DALI: .venv-vision)
+    python -m benchmarks.predict_verify --sweep --repeats 2 --scenarios cpu_decode    (the plan's oracle, measured)
 
 For each plan (``PLANS``), in one invocation: a run from the user's setting under ``PipeOpt(tune=...)`` beside a
 run of the same length with the best setting - for a loader plan the oracle grid's (``benchmarks/results/
 <scenario>.json``), for precision the run in ``bf16-mixed``, for a batch plan the effective batch as one
-micro-batch, for the DALI plan DALI's CPU pipeline made from the same loader (``dali_decode``'s best arm) -
+micro-batch, for the DALI plan DALI's CPU pipeline made from the same loader (``dali_decode``'s best arm); where
+a plan has a sweep of worker counts, the best of them run at the plan's length (``--sweep``, written to
+``results/predict_verify_sweep.json``: the grid's short runs cannot show what many workers do over a long one) -
 interleaved in pairs whose order alternates. Per tuned run: live trials until the kept setting, wall
 time from the fit's start to the start of its after-window, steady throughput over the run's last quarter over its
 paired oracle run's, and ``|predicted - measured| / measured`` of the kept change's speedup. Every repeat is kept.
@@ -43,11 +46,13 @@ class Plan:
     trainer: dict[str, Any] = field(default_factory=dict)
     oracle_loader: dict[str, Any] | None = None
     oracle_trainer: dict[str, Any] = field(default_factory=dict)
+    sweep: tuple[int, ...] = ()  # worker counts ``--sweep`` runs at this plan's length (its best: the oracle)
 
 
 PLANS = {
     "storage_latency": Plan("storage_latency", ("loader",)),
-    "cpu_decode": Plan("cpu_decode", ("loader",)),
+    # the oracle grid's short runs stop at 4 workers; at 1,500 steps more workers read faster (``--sweep``)
+    "cpu_decode": Plan("cpu_decode", ("loader",), sweep=(3, 4, 6, 8, 12, 16, 24)),
     # the compute-bound MLP in fp32, against the same run in bf16 (on a CPU with bf16 units)
     "precision": Plan("compute_bound", ("precision",), steps=400, oracle_loader={"num_workers": 0},
                       oracle_trainer={"precision": "bf16-mixed"}),
@@ -120,12 +125,41 @@ def tuned_figures(report: Any, batch_ends: list[float], tuned: dict[str, float],
     }
 
 
+#: The worker counts ``--sweep`` measured at each plan's run length, and their best (the oracle where present).
+SWEEPS = RESULTS / "predict_verify_sweep.json"
+
+
+def swept_best(name: str, steps: int) -> dict[str, Any] | None:
+    """The best setting of the plan's sweep at this run length (None: not swept)."""
+    sweeps = json.loads(SWEEPS.read_text()) if SWEEPS.exists() else {}
+    sweep = sweeps.get(name)
+    return sweep["best"] if sweep and sweep["steps_per_run"] == steps else None
+
+
+def sweep_figures(name: str, repeats: int, steps: int) -> dict[str, Any]:
+    """Every count of the plan's sweep run for ``steps`` (interleaved, the order alternating), steady throughput
+    over the last quarter as in the paired runs; the best median is the plan's oracle from then on."""
+    plan = PLANS[name]
+    s = scenario_of(plan)
+    dataset = s.make_dataset()
+    settings = [{"num_workers": n, "persistent_workers": True, "prefetch_factor": 2} for n in plan.sweep]
+    runs: dict[int, list[float]] = {n: [] for n in plan.sweep}
+    for r in range(repeats):
+        for one in (settings if r % 2 == 0 else settings[::-1]):
+            runs[one["num_workers"]].append(run_fit(s, dataset, one, steps=steps, steady_from=STEADY_FROM)
+                                            ["samples_per_s"])
+    best = max(settings, key=lambda one: median(runs[one["num_workers"]]))
+    return {"steps_per_run": steps, "runs": {str(n): rates for n, rates in runs.items()}, "best": best,
+            "command": f"python -m benchmarks.predict_verify --sweep --repeats {repeats} --steps {steps} "
+                       f"--scenarios {name}", "machine": machine()}
+
+
 def scenario_figures(name: str, repeats: int, steps: int) -> dict[str, Any]:
     plan = PLANS[name]
     s = scenario_of(plan)
     steps = plan.steps or steps
-    best = (plan.oracle_loader if plan.oracle_loader is not None
-            else json.loads((RESULTS / f"{plan.scenario}.json").read_text())["oracle_best"]["settings"])
+    best = (plan.oracle_loader if plan.oracle_loader is not None else swept_best(name, steps)
+            or json.loads((RESULTS / f"{plan.scenario}.json").read_text())["oracle_best"]["settings"])
     dataset = s.make_dataset()
     effective = s.batch_size  # every plan keeps the scenario's samples per optimizer step
     tuned_loader = s.loader(dataset, **s.naive)
@@ -176,9 +210,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--scenarios", nargs="+", default=["storage_latency", "cpu_decode"], choices=list(PLANS))
+    parser.add_argument("--sweep", action="store_true",
+                        help="measure each plan's sweep of worker counts at the run length (its oracle from then on)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    if args.sweep:
+        sweeps = json.loads(SWEEPS.read_text()) if SWEEPS.exists() else {}
+        for name in (n for n in args.scenarios if PLANS[n].sweep):
+            sweeps[name] = sweep_figures(name, args.repeats, PLANS[name].steps or args.steps)
+            print(json.dumps({name: sweeps[name]["runs"], "best": sweeps[name]["best"]}))
+        SWEEPS.write_text(json.dumps(sweeps, indent=2) + "\n")
+        print(f"wrote {SWEEPS}")
+        return 0
     result = {"scenario": "predict_verify", "command": (f"python -m benchmarks.predict_verify --repeats "
                                                         f"{args.repeats} --steps {args.steps} --scenarios "
                                                         f"{' '.join(args.scenarios)}"),

@@ -214,12 +214,7 @@ class LoaderSearch:
         ok = [t for t in self.trials if t.ok and t.settings not in failed and self._within_memory(t)]
         unbeaten = [t for t in ok if not any(faster(measured(u.rate), measured(t.rate), self.floor) for u in ok)]
 
-        def cost(t: Trial) -> tuple:
-            s = t.settings
-            return (s.dali is not None, s.num_workers, s.prefetch_factor or 0, s.pin_memory,
-                    -measured(t.rate).value)
-
-        return min(unbeaten or ok, key=cost)
+        return more_workers_on_a_trend(min(unbeaten or ok, key=_cost), ok, self.baseline, self.floor)
 
     def with_headroom(self, chosen: Trial) -> Trial:
         """``chosen`` with the refitted model's worker count when that is more and fits the budget: its trial reached
@@ -301,7 +296,7 @@ class LoaderSearch:
                 self.stop_reason = (f"the loader model, refitted on the trials, picks {_workers(n)} again "
                                     f"(predicted {predicted:,.1f} samples/s)")
                 return
-            if attempt and not faster(Rate(predicted, 0.0), measured(best.rate), self.floor):
+            if attempt and not worth_a_trial(predicted, best, self.floor):
                 self.stop_reason = (f"the loader model predicts no gain beyond noise over "
                                     f"{_workers(best.settings.num_workers)} ({_workers(n)}: {predicted:,.1f} "
                                     f"samples/s against {measured(best.rate).value:,.1f} measured)")
@@ -413,6 +408,37 @@ class LoaderSearch:
             s = chosen.settings
         if self.budget.cuda and not s.pin_memory and (chosen.transfer_frac or 0.0) >= 0.01:
             yield dataclasses.replace(s, pin_memory=True)
+
+
+def _cost(t: Trial) -> tuple:
+    s = t.settings
+    return (s.dali is not None, s.num_workers, s.prefetch_factor or 0, s.pin_memory, -measured(t.rate).value)
+
+
+def worth_a_trial(predicted: float, best: Trial, floor: float) -> bool:
+    """The refitted model's pick is worth its trial: it predicts a gain beyond noise over ``best`` - beyond the
+    floor alone where ``best``'s loop still waited with no batch ready (``capacity.SUPPLY_BOUND_WAIT``): there only
+    more workers can take that wait away, and a noisy window must not stop the search short of measuring them."""
+    if capacity.supply_wait(best) >= capacity.SUPPLY_BOUND_WAIT:
+        return predicted > measured(best.rate).value * (1.0 + floor)
+    return faster(Rate(predicted, 0.0), measured(best.rate), floor)
+
+
+def more_workers_on_a_trend(chosen: Trial, ok: list[Trial], baseline: Trial, floor: float) -> Trial:
+    """``chosen`` (the cheapest no trial beats beyond noise), or - where more workers of the same DataLoader
+    settings, each faster than your settings beyond noise, read faster than it by more than the floor - the fewest
+    of them within the floor of the fastest. Windows of several workers on a busy machine read with standard errors
+    of 5-10 %, so counts whose rates climb 15-20 % from one to the next can all sit within each other's noise; the
+    after-window then measures the choice against your settings."""
+    if chosen.settings.dali or chosen is baseline:
+        return chosen
+    same = dataclasses.replace(chosen.settings, num_workers=0)
+    more = [t for t in ok if not t.settings.dali and t.settings.num_workers > chosen.settings.num_workers
+            and dataclasses.replace(t.settings, num_workers=0) == same
+            and faster(measured(t.rate), measured(baseline.rate), floor)]
+    top = max([chosen, *more], key=lambda t: measured(t.rate).value)
+    near = [t for t in [chosen, *more] if measured(t.rate).value * (1.0 + floor) >= measured(top.rate).value]
+    return min(near, key=_cost)
 
 
 def close_call(best: Trial, baseline: Trial, floor: float) -> bool:
