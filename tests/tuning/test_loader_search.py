@@ -77,6 +77,34 @@ def test_cpu_bound_loading_beside_a_spinning_step_adds_workers_while_the_model_p
     assert search.choice().rate.value >= 0.9 * CONTENDED.best()[1]
 
 
+def noisy(world, se=0.08):
+    """``world`` where every window with workers reads with a standard error of ``se`` (a busy 2-CPU machine)."""
+    def measure(settings):
+        t = world(settings)
+        return dataclasses.replace(t, rate=Rate(t.rate.value, se)) if settings.num_workers and t.ok else t
+
+    return measure
+
+
+def test_a_supply_bound_trial_in_noisy_windows_does_not_stop_the_models_picks_short():
+    search = LoaderSearch(CONTENDED(USER), Budget(cpus=2, more_epochs=True))
+    proposed = run(search, noisy(CONTENDED))
+    # 4 workers waited with no batch ready; 6 predicted 14 % faster, within 2 x 8 % but beyond the 5 % floor
+    assert [p.num_workers for p in proposed] == [2, 4, 6]
+    assert search.choice().settings.num_workers == 6
+
+
+@pytest.mark.parametrize(("rates", "kept"), [((120.0, 135.0, 140.0), 5), ((120.0, 124.0, 125.0), 3)],
+                         ids=["climbing", "flat"])
+def test_more_workers_reading_faster_than_the_floor_are_kept_though_within_each_others_noise(rates, kept):
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2))
+    for n, rate in zip((3, 5, 8), rates, strict=True):
+        search.record(trial(USER.with_workers(n, persistent=True), rate, 0.3, se=0.08))
+    # 140 is within 2 x 8 % of 120: no count beats another beyond noise, all beat your settings beyond it; the
+    # fewest within the 5 % floor of the fastest is kept (and where the counts read flat, the cheapest)
+    assert search.choice().settings.num_workers == kept
+
+
 def test_memory_bound_workers_stay_within_the_memory_they_may_take():
     search = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
     proposed = run(search, MEMORY_BOUND)
