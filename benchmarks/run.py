@@ -223,7 +223,8 @@ def predict_verify_rows(r: dict[str, Any]) -> list[str]:
     commands = dict.fromkeys(sc.get("command", r["command"]) for sc in r["scenarios"])
     rows += ["", f"Predict, then verify: {', '.join(f'`{c}`' for c in commands)}. Each repeat is a run under "
              "`PipeOpt(tune=...)` beside a run of the same length with the best setting, interleaved: for the loader "
-             "scenarios `tune=(\"loader\",)` from `num_workers=0` against the oracle grid's best setting; `dali`: "
+             "scenarios `tune=(\"loader\",)` from `num_workers=0` against the oracle grid's best setting (cpu_decode: "
+             "the best of the worker counts `--sweep` ran at the run's length, `predict_verify_sweep.json`); `dali`: "
              "the ImageFolder of `dali_cpu_decode` under `tune=(\"loader\", \"dali\")` from `num_workers=0` against "
              "DALI's CPU pipeline; `precision`: the compute-bound MLP in fp32 under `tune=(\"precision\",)` against "
              "the same run in `bf16-mixed`; `batch_fold`: that MLP in micro-batches of 64 accumulated 4 times under "

@@ -5,7 +5,8 @@ The search (a plan, fed one measured trial at a time):
 2. Predict, then verify (``capacity``): a capacity model fitted to the before-window (the step's input-free rate,
    what the main process delivers loading between steps, what loading a sample costs in CPU) picks the worker
    count; one trial verifies it; the model, refitted on every trial (now with what a worker delivers and costs in
-   CPU and memory), picks again while it predicts a gain beyond noise over the best measured setting - at most
+   CPU and memory), picks again while it predicts a gain beyond noise over the best measured setting (beyond the
+   floor, where that setting's loop still waited with no batch ready: ``worth_a_trial``) - at most
    ``MODEL_TRIALS`` trials in all. Every proposal carries its predicted rate; the trial records it beside the
    measured one. A close call (the fastest ahead of the user's settings by more than the floor, within noise)
    measures the user's settings once more, then - still close - the fastest once more: each side on two windows.
@@ -18,9 +19,10 @@ The search (a plan, fed one measured trial at a time):
    mostly wait on storage use little CPU and may outnumber the cores), and their measured private memory must fit
    the memory available. Then refine: the midpoints between the best count and its tried neighbours.
 4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise, among those
-   whose workers' measured memory fits - given the model's headroom (``with_headroom``): when the refitted model
-   picks more workers than it has (a trial that reached the step's pace with no supply to spare) and they fit the
-   budget, those are kept, and the after-window measures them.
+   whose workers' measured memory fits - or, where more workers of the same settings climb beyond the floor over
+   it, the fewest within the floor of the fastest (``more_workers_on_a_trend``) - given the model's headroom
+   (``with_headroom``): when the refitted model picks more workers than it has (a trial that reached the step's
+   pace with no supply to spare) and they fit the budget, those are kept, and the after-window measures them.
 5. DALI (when it may be tried: the ``"dali"`` group, DALI installed, a dataset it can rebuild): one more
    candidate, measured like the others (once more when too close to call). It is chosen only when it beats every
    DataLoader setting beyond noise: at a tie the DataLoader, the user's own machinery, wins.
