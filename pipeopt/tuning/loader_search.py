@@ -7,9 +7,10 @@ The search (a plan, fed one measured trial at a time):
    count; one trial verifies it; the model, refitted on every trial (now with what a worker delivers and costs in
    CPU and memory), picks again while it predicts a gain beyond noise over the best measured setting (beyond the
    floor, where that setting's loop still waited with no batch ready: ``worth_a_trial``) - at most
-   ``MODEL_TRIALS`` trials in all. Every proposal carries its predicted rate; the trial records it beside the
-   measured one. A close call (the fastest ahead of the user's settings by more than the floor, within noise)
-   measures the user's settings once more, then - still close - the fastest once more: each side on two windows.
+   ``MODEL_TRIALS`` trials in all (one fewer where DALI is tried after them). Every proposal carries its predicted
+   rate; the trial records it beside the measured one. A close call (the fastest ahead of the user's settings by
+   more than the floor, within noise) measures the user's settings once more, then - still close - the fastest
+   once more: each side on two windows.
 3. Fallback, when a pick fails or the first pick measures slower than the user's settings beyond noise (the model
    has this pipeline wrong; a refit's pick slower than the best so far is refitted on instead): grow
    ``num_workers`` geometrically from the fastest count so far while each step is faster than the best beyond noise
@@ -49,7 +50,8 @@ COMPUTE_BOUND_WAIT = 0.10
 INPUT_SOLVED_WAIT = 0.05
 #: Never more workers than this, whatever the budget says.
 MAX_WORKERS = 64
-#: Trials the model's picks may take (its pick and the refits' picks), before DALI and the extras.
+#: Trials the model's picks may take (its pick and the refits' picks), before DALI and the extras - one fewer
+#: where DALI is a candidate too, so that the worker counts and DALI take three trials in all.
 MODEL_TRIALS = 3
 #: Batches a DALI loader feeds its pipeline ahead of the step.
 DALI_PREFETCH = 2
@@ -289,7 +291,8 @@ class LoaderSearch:
         noise over the fastest setting measured, ``MODEL_TRIALS`` trials at most. A pick that fails, or a first pick
         slower than the user's settings beyond noise, hands the search to geometric growth (``_fallback``); a
         refit's pick slower than the fastest so far is one more point the next refit is fitted to."""
-        for attempt in range(MODEL_TRIALS):
+        trials = MODEL_TRIALS - (self.budget.dali is not None)
+        for attempt in range(trials):
             model = self._model()
             n = model.best(MAX_WORKERS)
             candidate = self.baseline.settings.with_workers(n, persistent=self._persistent())
@@ -318,7 +321,7 @@ class LoaderSearch:
                                   f"{_workers(best.settings.num_workers)} ({measured(best.rate).value:,.1f})")
                 yield from self._fallback()
                 return
-        self.stop_reason = f"tried the loader model's pick and its refits' ({MODEL_TRIALS} trials)"
+        self.stop_reason = f"tried the loader model's pick and its refits' ({trials} trials)"
 
     def _fallback(self, n: int | None = None,
                   failed_at: tuple[int, str | None] | None = None) -> Iterator[LoaderSettings]:

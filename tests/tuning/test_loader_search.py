@@ -338,6 +338,13 @@ def test_dali_is_tried_after_the_worker_search_and_chosen_when_faster_beyond_noi
     assert search.choice().settings == DALI
 
 
+def test_with_dali_a_candidate_the_worker_counts_and_dali_take_three_trials_in_all():
+    search = LoaderSearch(CONTENDED(USER), Budget(cpus=2, more_epochs=True, dali="cpu"))
+    proposed = run(search, with_dali_on(CONTENDED, 3000.0))  # without DALI: 2, 4 and 6 workers
+    assert [p.dali or p.num_workers for p in proposed] == [2, 4, "cpu"]
+    assert search.choice().settings == DALI
+
+
 def test_dali_at_a_tie_is_measured_again_and_the_dataloader_is_kept():
     search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
     proposed = run(search, with_dali(1005.0))  # the best worker count reaches 1000/s
