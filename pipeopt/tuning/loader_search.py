@@ -126,6 +126,7 @@ class Trial:
     step_cpu_s: float | None = None  # CPU seconds per sample of the step: the process's, outside the fetch
     supply_wait_frac: float | None = None  # the share of the step waited with no batch ready (None: not measured)
     headroom_from: int | None = None  # a choice given the model's headroom: the worker count its rate was measured with
+    climbed_from: int | None = None  # a choice of more workers on a climb: the cheapest unbeaten count's
 
     @property
     def ok(self) -> bool:
@@ -443,7 +444,8 @@ def more_workers_on_a_trend(chosen: Trial, ok: list[Trial], baseline: Trial, flo
             and faster(measured(t.rate), measured(baseline.rate), floor)]
     top = max([chosen, *more], key=lambda t: measured(t.rate).value)
     near = [t for t in [chosen, *more] if measured(t.rate).value * (1.0 + floor) >= measured(top.rate).value]
-    return min(near, key=_cost)
+    fewest = min(near, key=_cost)
+    return fewest if fewest is chosen else dataclasses.replace(fewest, climbed_from=chosen.settings.num_workers)
 
 
 def close_call(best: Trial, baseline: Trial, floor: float) -> bool:

@@ -515,6 +515,10 @@ def _kept_reasons(user: LoaderSettings, before: Rate | None, chosen: Trial) -> C
             return (f"{before_rate:,.1f} -> {trial_rate:,.1f} samples/s with {chosen.headroom_from} in their trial, "
                     f"the cheapest no other trial beat beyond noise; {chosen.settings.num_workers} give their supply "
                     f"the loader model's headroom over the step (predicted {chosen.predicted or 0:,.1f})")
+        if knob == "num_workers" and chosen.climbed_from is not None:
+            return (f"{measured_gain}; the fewest workers within the noise floor of the fastest, where more workers "
+                    f"than {chosen.climbed_from} (the cheapest no other trial beat beyond noise) read faster by more "
+                    "than the floor")
         return f"{measured_gain}; the cheapest setting no other trial beat beyond noise"
 
     return reason

@@ -103,6 +103,7 @@ def test_more_workers_reading_faster_than_the_floor_are_kept_though_within_each_
     # 140 is within 2 x 8 % of 120: no count beats another beyond noise, all beat your settings beyond it; the
     # fewest within the 5 % floor of the fastest is kept (and where the counts read flat, the cheapest)
     assert search.choice().settings.num_workers == kept
+    assert search.choice().climbed_from == (3 if kept != 3 else None)  # the report says why more were kept
 
 
 def test_memory_bound_workers_stay_within_the_memory_they_may_take():

@@ -322,3 +322,15 @@ def test_a_choice_with_no_supply_to_spare_is_measured_and_kept_with_the_models_h
     change = next(c for c in loader_changes(s) if c.knob == "num_workers")
     assert change.after == grown.num_workers and f"with {pick} in their trial" in change.reason
     assert "headroom" in change.reason and change.predicted_speedup == pytest.approx(s.chosen.predicted / 80.0)
+
+
+def test_more_workers_kept_on_a_climb_say_so_in_the_changes_reason():
+    from pipeopt.tuning.loader_search import Trial
+    from pipeopt.tuning.noise import Rate
+    from pipeopt.tuning.session import _kept_reasons
+
+    user = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+    climbed = Trial(user.with_workers(9, persistent=True), Rate(1400.0, 0.08), climbed_from=3)
+    reason = _kept_reasons(user, Rate(900.0, 0.02), climbed)("num_workers")
+    assert "900.0 -> 1,400.0 samples/s" in reason and "more workers than 3" in reason
+    assert "the cheapest setting" not in reason  # 9 was not the cheapest setting no trial beat
