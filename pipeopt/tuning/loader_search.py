@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeopt.tuning import capacity
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster, measured, within_noise
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, ahead, combine, faster, measured, within_noise
 
 #: Below this data-wait fraction the run is compute-bound: no search.
 COMPUTE_BOUND_WAIT = 0.10
@@ -426,7 +426,7 @@ def worth_a_trial(predicted: float, best: Trial, floor: float) -> bool:
     floor alone where ``best``'s loop still waited with no batch ready (``capacity.SUPPLY_BOUND_WAIT``): there only
     more workers can take that wait away, and a noisy window must not stop the search short of measuring them."""
     if capacity.supply_wait(best) >= capacity.SUPPLY_BOUND_WAIT:
-        return predicted > measured(best.rate).value * (1.0 + floor)
+        return ahead(Rate(predicted, 0.0), measured(best.rate), floor)
     return faster(Rate(predicted, 0.0), measured(best.rate), floor)
 
 
@@ -443,7 +443,7 @@ def more_workers_on_a_trend(chosen: Trial, ok: list[Trial], baseline: Trial, flo
             and dataclasses.replace(t.settings, num_workers=0) == same
             and faster(measured(t.rate), measured(baseline.rate), floor)]
     top = max([chosen, *more], key=lambda t: measured(t.rate).value)
-    near = [t for t in [chosen, *more] if measured(t.rate).value * (1.0 + floor) >= measured(top.rate).value]
+    near = [t for t in [chosen, *more] if not ahead(measured(top.rate), measured(t.rate), floor)]
     fewest = min(near, key=_cost)
     return fewest if fewest is chosen else dataclasses.replace(fewest, climbed_from=chosen.settings.num_workers)
 
@@ -467,7 +467,7 @@ def _ahead_within_noise(best: Trial, baseline: Trial, floor: float) -> bool:
     if best is baseline or best.rate is None:
         return False
     fast, base = measured(best.rate), measured(baseline.rate)
-    return fast.value > base.value * (1.0 + floor) and not faster(fast, base, floor)
+    return ahead(fast, base, floor) and not faster(fast, base, floor)
 
 
 def _pooled(first: Trial, again: Trial) -> Trial:

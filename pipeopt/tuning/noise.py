@@ -71,6 +71,12 @@ def threshold(a: Rate, b: Rate, floor: float = DEFAULT_FLOOR) -> float:
     return max(floor, 2.0 * math.hypot(a.rel_se, b.rel_se))
 
 
+def ahead(a: Rate, b: Rate, floor: float = DEFAULT_FLOOR) -> bool:
+    """``a`` is ahead of ``b`` by more than the floor, whatever their standard errors (a gap worth measuring again,
+    not yet a difference)."""
+    return a.value > b.value * (1.0 + floor)
+
+
 def faster(a: Rate, b: Rate, floor: float = DEFAULT_FLOOR) -> bool:
     """``a`` is faster than ``b`` beyond noise."""
     return a.value > b.value * (1.0 + threshold(a, b, floor))
