@@ -6,7 +6,9 @@ of its bytes in ``data`` (a length of 0: not stored); ``data`` is written once p
 Writers reserve their bytes under an ``flock`` on ``lock`` (the header's counters change only there), write them
 with ``pwrite`` and publish the position's length last, so a reader sees a position either absent or whole.
 Readers take no lock. Every process opens the files itself (on first use after a fork or a spawn): no file
-description - and so no lock - is shared between processes.
+description - and so no lock - is shared between processes. The process that made (or opened) the store holds a
+shared ``flock`` on ``alive`` until it closes it: a store nobody holds is left over from a process that died
+(``sweep``).
 
 Why not LMDB: an LMDB environment must not be used after ``fork()`` in the child it was inherited by, and a
 DataLoader forks its workers from a main process that itself reads the store (``num_workers=0``) - closing the
@@ -91,6 +93,9 @@ class SampleStore:
         self.budget_bytes = int.from_bytes(header_bytes[8 * _BUDGET:8 * _BUDGET + 8], "little", signed=True)
         self._pid: int | None = None
         self._views: tuple[Any, ...] = ()
+        alive = os.open(self.directory / "alive", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(alive, fcntl.LOCK_SH)  # held (until this process closes it), the store is in use
+        self._alive: tuple[int, int] | None = (os.getpid(), alive)
 
     @staticmethod
     def _magic(index: Path) -> int:
@@ -102,7 +107,7 @@ class SampleStore:
                 "slot": self.slot}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _pid=None, _views=())
+        self.__dict__.update(state, _pid=None, _views=(), _alive=None)
 
     def _open(self) -> tuple[memoryview, int, int]:
         """This process's views: the index as int64s, the data file's and the lock file's descriptors."""
@@ -184,12 +189,35 @@ class SampleStore:
             index_f.close()
             os.close(data_fd)
             os.close(lock_fd)
+        if self._alive is not None and self._alive[0] == os.getpid():  # a forked copy leaves it to its owner
+            os.close(self._alive[1])
+            self._alive = None
         self._views, self._pid = (), None
 
     def remove(self) -> None:
         """Close and delete the store's files."""
         self.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def sweep(root: Path, *, older_than_s: float = 60.0) -> list[Path]:
+    """Remove the stores under ``root`` that no process holds (their process died before removing them: killed, say)
+    and that are older than ``older_than_s`` (one being made has no holder yet); the removed ones."""
+    removed = []
+    for directory in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            if time.time() - directory.stat().st_mtime < older_than_s:
+                continue
+            fd = os.open(directory / "alive", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while any process holds the store
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(directory)
+    return removed
 
 
 @contextlib.contextmanager

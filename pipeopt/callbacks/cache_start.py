@@ -18,7 +18,7 @@ from pipeopt import _lightning
 from pipeopt.apply.backfill import Backfill
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
 from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
-from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats
+from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats, sweep
 from pipeopt.callbacks.loader_start import steps_left
 from pipeopt.config import PipeOptConfig
 from pipeopt.measure.window import WindowMeter
@@ -33,6 +33,12 @@ from pipeopt.tuning.session import TrialWindows
 #: the epoch after the one that made it: the rest are made, and stored, as before.
 WARM_SHARE = 0.8
 CACHE_WINDOW_S_FACTOR = 3
+#: Where a store sized by free memory lives when it is removed at fit end: a RAM-backed file system. A store in a
+#: disk directory lives in the page cache too, but its dirty pages are written back to the disk - competing with the
+#: dataset's own reads - and its writers are throttled behind that writeback.
+SHARED_MEMORY = Path("/dev/shm")
+#: Room the store leaves there: loader workers hand their batches over through it.
+SHARED_MEMORY_SPARE = 1 << 30
 
 
 def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter, switcher: LoaderSwitcher | None, *,
@@ -59,11 +65,14 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     def prepare() -> str | None:
         fit_id = trainer.strategy.broadcast(os.getpid())  # rank zero's process: names this fit's store
         why, digest = refusal(split)
-        if agree([1.0 if why is not None else 0.0])[0] > 0 and why is None:
+        in_memory = _in_memory(config)
+        refused, on_disk = agree([1.0 if why is not None else 0.0, 0.0 if in_memory else 1.0])
+        if refused > 0 and why is None:
             why = "another rank's dataset cannot be cached"  # all ranks run the cache, or none
         if why is None:
             name = fingerprint(split, digest) + ("" if config.keep_sample_cache else f"-{fit_id}")
-            switcher.cache = SampleCache(split, _store(trainer, config, split, name), keep=config.keep_sample_cache)
+            store = _store(trainer, config, split, name, in_memory=on_disk == 0)  # the node's ranks share one place
+            switcher.cache = SampleCache(split, store, keep=config.keep_sample_cache)
             if not held_enough():  # a kept store may be warm already
                 size = _samples_per_epoch(trainer, user, len(split)) / max(1, trainer.num_training_batches or 1)
                 drawn = _lightning.batches_this_epoch(trainer) * size * max(1, trainer.num_devices)
@@ -111,21 +120,48 @@ def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> Split |
     return plan(flattened[0].dataset)
 
 
-def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str) -> SampleStore:
+def _in_memory(config: PipeOptConfig) -> bool:
+    """The store goes to ``SHARED_MEMORY``: sized by free memory (no ``sample_cache_dir``), removed at fit end (a
+    store kept for a rerun would hold memory until the machine restarts) and a RAM-backed file system there with
+    room for its budget and ``SHARED_MEMORY_SPARE`` besides."""
+    if config.sample_cache_dir is not None or config.keep_sample_cache or not _ram_backed(SHARED_MEMORY):
+        return False
+    try:
+        free = shutil.disk_usage(SHARED_MEMORY).free
+    except OSError:
+        return False
+    return os.access(SHARED_MEMORY, os.W_OK) and free >= _memory_budget(config) + SHARED_MEMORY_SPARE
+
+
+def _ram_backed(path: Path) -> bool:
+    mounts = {p.mountpoint: p.fstype for p in psutil.disk_partitions(all=True)}
+    return mounts.get(str(path)) == "tmpfs"
+
+
+def _memory_budget(config: PipeOptConfig) -> int:
+    return max(1, int(config.sample_cache_share * psutil.virtual_memory().available))
+
+
+def _store(trainer: Any, config: PipeOptConfig, split: Any, name: str, *, in_memory: bool) -> SampleStore:
     """The node's store, shared by its ranks (each fills it with what its sampler gives it and reads what any of
     them stored: a DistributedSampler reshuffles the shards every epoch): under ``sample_cache_dir`` (sized by its
-    free space) or under the report directory (sized by free memory, and that directory's free space; a temporary
-    directory when no files are written), ``sample_cache_share`` of it."""
+    free space); else sized by free memory - in ``SHARED_MEMORY`` (``in_memory``: stores there that no process
+    holds any more are removed first) or under the report directory (a temporary directory when no files are
+    written; and at most that directory's free space) - ``sample_cache_share`` of it."""
     if config.sample_cache_dir is not None:
         root = config.sample_cache_dir
         root.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(root).free
+        budget = max(1, int(config.sample_cache_share * shutil.disk_usage(root).free))
+    elif in_memory:
+        root = SHARED_MEMORY / "pipeopt-sample-cache"
+        sweep(root)
+        root.mkdir(parents=True, exist_ok=True)
+        budget = _memory_budget(config)
     else:
         root = (config.report_dir / "sample-cache") if config.report_dir is not None else \
             Path(tempfile.gettempdir()) / "pipeopt-sample-cache"
         root.mkdir(parents=True, exist_ok=True)
-        free = min(psutil.virtual_memory().available, shutil.disk_usage(root).free)  # the page cache holds it
-    budget = max(1, int(config.sample_cache_share * free))
+        budget = min(_memory_budget(config), max(1, int(config.sample_cache_share * shutil.disk_usage(root).free)))
     slot = trainer.local_rank % SLOTS
     return SampleStore(root / f"{name}-{socket.gethostname()}", len(split), budget, slot=slot)
 

@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="what an hour of the run's machines costs (any currency): the report then gives the cost "
                            "of an epoch and of the whole fit before and after tuning")
     tune.add_argument("--sample-cache-dir", type=Path, metavar="DIR",
-                      help="a local disk directory for the sample cache (default: under the report directory, sized "
-                           "by free memory)")
+                      help="a local disk directory for the sample cache (default: shared memory when it has room, "
+                           "else under the report directory, sized by free memory)")
     tune.add_argument("--keep-sample-cache", action="store_true",
                       help="keep the sample cache after the fit: a rerun on the same data starts with it filled")
     cache = tune.add_mutually_exclusive_group()

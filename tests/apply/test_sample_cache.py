@@ -3,6 +3,7 @@ and only datasets shown deterministic are cached."""
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipeopt.apply.sample_cache import CachedDataset, SampleCache, WholeSplit, plan, refusal
-from pipeopt.apply.sample_store import SampleStore, decode, encode
+from pipeopt.apply.sample_store import SampleStore, decode, encode, sweep
 
 
 class Counted(Dataset):
@@ -115,6 +116,24 @@ def test_a_reopened_store_keeps_its_items_and_a_kept_cache_survives_close(tmp_pa
     cache.close()
     again = SampleStore(tmp_path / "s", 64, 1 << 20)
     assert again.stats().stored == 5 and again.has(4) and not again.has(5)
+
+
+def _make_store_and_die(directory) -> None:  # a fit killed before it removed its store
+    SampleStore(directory, 8, 1 << 20)
+
+
+def test_a_store_whose_process_died_is_swept_and_one_in_use_or_just_made_stays(tmp_path):
+    root = tmp_path / "stores"
+    held = SampleStore(root / "held", 8, 1 << 20)
+    child = multiprocessing.get_context("fork").Process(target=_make_store_and_die, args=(root / "orphan",))
+    child.start()
+    child.join()
+    assert child.exitcode == 0 and (root / "orphan" / "index").exists()
+    assert sweep(root) == []  # both just made: one being made has no holder yet
+    assert sweep(root, older_than_s=0) == [root / "orphan"]
+    assert not (root / "orphan").exists() and held.stats().length == 8
+    held.close()  # closed (the fit ended, kept or not): no process holds it any more
+    assert sweep(root, older_than_s=0) == [root / "held"]
 
 
 def test_deterministic_datasets_are_cached_whole_and_the_global_generators_are_left_as_they_were():

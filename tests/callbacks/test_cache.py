@@ -3,12 +3,17 @@ run without pipeopt, items taken from the store once it is warm, random datasets
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import psutil
+import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
 from pipeopt import PipeOpt
+from pipeopt.callbacks import cache_start
 from tests.helpers import (
     Regressor,
     SleepyDataset,
@@ -71,7 +76,7 @@ def test_a_kept_cache_serves_items_from_the_store_and_the_weights_are_bit_identi
     assert reading and reading[-1]["hit_rate"] == 1.0 and reading[-1]["misses"] == 0
     # every item made at most once by the fill, plus the determinism check's six: the reading epochs made none
     assert CountingDataset.made < made_plain
-    assert not any((tmp_path / "sample-cache").iterdir())  # the store is removed at fit end
+    assert not Path(figures.directory).exists()  # the store is removed at fit end
     assert psutil.Process().children() == []
 
 
@@ -85,6 +90,26 @@ def test_a_cache_that_is_not_faster_is_given_back_and_kept_stores_stay(monkeypat
     assert any("sample cache not kept" in n for n in callback.report.notes)
     kept = list((tmp_path / "sample-cache").iterdir())
     assert len(kept) == 1 and (kept[0] / "index").exists()
+
+
+@pytest.mark.parametrize("case", ["room", "no room", "kept"])
+def test_a_store_removed_at_fit_end_lives_in_shared_memory_when_it_has_room_else_under_the_report_dir(
+        monkeypatch, tmp_path, case):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(cache_start, "SHARED_MEMORY", shm)
+    monkeypatch.setattr(cache_start, "_ram_backed", lambda path: path == shm)
+    if case == "no room":
+        monkeypatch.setattr(cache_start, "SHARED_MEMORY_SPARE", shutil.disk_usage(shm).free + 1)
+    _cached_faster(monkeypatch)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path / "reports", cache=False,
+                             keep_sample_cache=case == "kept")
+    fit([callback], SleepyDataset(n=128, delay_s=0.001), epochs=4)
+    figures = callback.report.sample_cache
+    assert figures is not None and figures.kept and figures.stored == 128
+    where = Path(figures.directory).parent
+    assert where == (shm / "pipeopt-sample-cache" if case == "room" else tmp_path / "reports" / "sample-cache")
+    assert Path(figures.directory).exists() == (case == "kept")
 
 
 def test_a_random_dataset_is_refused_with_the_reason_and_trains_as_without_pipeopt():
@@ -106,8 +131,6 @@ def test_a_fit_of_one_epoch_does_not_build_a_cache():
 
 
 def test_bad_sample_cache_options_name_the_argument():
-    import pytest
-
     with pytest.raises(ValueError, match="sample_cache_share"):
         PipeOpt(sample_cache_share=0)
     with pytest.raises(ValueError, match="keep_sample_cache"):
