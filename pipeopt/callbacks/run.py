@@ -153,7 +153,7 @@ class TuningRun:
             return
         if cache is not None and not cache.started and self._cache_turn():
             search = self.session.search if self.session is not None else None
-            filler = search.best_dataloader().settings if search is not None else None
+            filler = search.best_dataloader(filling=True).settings if search is not None else None
             cache.begin(search.baseline.data_wait_frac if search is not None else None, filler, self._loader_windows())
         if plan is not None and plan.state == "waiting":
             reason = plan.begin(trainer, windows)

@@ -97,8 +97,9 @@ class CacheSession:
     def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None,
               measured: Iterable[tuple[Rate, float, float]] = ()) -> None:
         """The other groups are done: fill with the settings in place (on a loader of pipeopt's; under DALI, with
-        ``filler``, the best DataLoader setting measured), then wait - unless the loader search found the run
-        compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place (rate, s, wait)."""
+        ``filler``, the fastest DataLoader setting of pipeopt's measured), then wait - unless the loader search found
+        the run compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place (rate, s,
+        wait)."""
         self.started, self.baseline, self._filling = True, self._switcher.current, list(measured)
         self._applied = self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:

@@ -354,6 +354,18 @@ def test_dali_at_a_tie_is_measured_again_and_the_dataloader_is_kept():
     assert not chosen.dali and chosen.num_workers == 12
 
 
+def test_under_dali_the_store_is_filled_by_the_fastest_of_pipeopts_loaders_not_the_users_unfilled_window():
+    # the user's settings (no workers) read fastest in their window, which filled nothing; pipeopt's trials filled
+    def world(settings):
+        return trial(settings, 1500.0, 0.0) if settings.dali else trial(settings, 80.0 + settings.num_workers, 0.9)
+    search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
+    run(search, world)
+    assert search.choice().settings == DALI and search.best_dataloader().settings == USER
+    filler = search.best_dataloader(filling=True)
+    tried = [t for t in search.trials if t is not search.baseline and not t.settings.dali]
+    assert filler is max(tried, key=lambda t: t.rate.value) and filler.settings.num_workers > 0
+
+
 def test_a_slower_or_failed_dali_trial_is_never_chosen():
     for world in (with_dali(300.0), with_dali(5000.0, fail=True)):
         search = LoaderSearch(trial(USER, 100.0, 0.9), Budget(cpus=2, dali="cpu"))
