@@ -102,10 +102,10 @@ def validation_chain(copies: int = 8) -> Dataset:
     return _folder(T.Resize(128), T.CenterCrop(112), copies=copies)
 
 
-def random_crop_chain() -> Dataset:
+def random_crop_chain(copies: int = 8) -> Dataset:
     from torchvision import transforms as T
 
-    return _folder(T.RandomResizedCrop(112, scale=(0.25, 1.0)), T.RandomHorizontalFlip())
+    return _folder(T.RandomResizedCrop(112, scale=(0.25, 1.0)), T.RandomHorizontalFlip(), copies=copies)
 
 
 SCENARIOS = {s.name: s for s in (
@@ -130,6 +130,12 @@ SCENARIOS = {s.name: s for s in (
                   "(only the decode is cacheable), small CNN, 32/step; DALI allowed too", random_crop_chain,
                   lambda: Classifier(small_cnn(10)), 32, 4, _workers(2, 3, 4, 8),
                   ("loader", "dali", "cache"), vision=True),
+    CacheScenario("imagefolder_decode_long", "the same decode chain over 10,240 entries (the 512 files each listed 20 "
+                  "times, 320 steps an epoch): the loader search with DALI's trial takes ~160 steps, more than "
+                  "imagefolder_decode's 128-step epoch, so there the fill and the cache's trials fall in epoch 2; the "
+                  "store holds ~4.5 GB of decoded images", lambda: random_crop_chain(20),
+                  lambda: Classifier(small_cnn(10)), 32, 4, _workers(2, 3, 4, 8), ("loader", "dali", "cache"),
+                  vision=True),
 )}
 
 
