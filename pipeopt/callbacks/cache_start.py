@@ -19,7 +19,7 @@ from pipeopt.apply.backfill import Backfill
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
 from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
 from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats, sweep
-from pipeopt.callbacks.loader_start import steps_left
+from pipeopt.callbacks.loader_start import epoch_steps, steps_left
 from pipeopt.config import PipeOptConfig
 from pipeopt.measure.window import WindowMeter
 from pipeopt.report.model import SampleCacheFigures
@@ -65,8 +65,7 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     def prepare() -> str | None:
         fit_id = trainer.strategy.broadcast(os.getpid())  # rank zero's process: names this fit's store
         why, digest = refusal(split)
-        in_memory = _in_memory(config)
-        refused, on_disk = agree([1.0 if why is not None else 0.0, 0.0 if in_memory else 1.0])
+        refused, on_disk = agree([1.0 if why is not None else 0.0, 0.0 if _in_memory(config) else 1.0])
         if refused > 0 and why is None:
             why = "another rank's dataset cannot be cached"  # all ranks run the cache, or none
         if why is None:
@@ -96,12 +95,20 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
-                           steps_left=left, alone_first=split.whole, quiet=ahead.quiet)
+                           steps_left=left, alone_first=split.whole, quiet=ahead.quiet,
+                           to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
-        kept = restored["cache"]
-        session.restore(LoaderSettings(**kept) if kept else None)
+        session.restore(LoaderSettings(**restored["cache"]) if restored["cache"] else None)
     return session, switcher
+
+
+def steps_to_warm(trainer: Any, made_in: int) -> int:
+    """The optimizer steps left in the epoch that made the store (``made_in``): it is read from the next one."""
+    per_epoch = epoch_steps(trainer)
+    if trainer.current_epoch > made_in or per_epoch is None:
+        return 0
+    return max(0, per_epoch - _lightning.batches_this_epoch(trainer) // max(1, trainer.accumulate_grad_batches))
 
 
 def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> Split | str:

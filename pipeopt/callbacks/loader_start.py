@@ -81,7 +81,7 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     budget = Budget(cpus=cpus, memory_bytes=memory.available, cuda=cuda, more_epochs=more_epochs_ahead(trainer),
                     may_change_workers="loader" in groups, dali=dali, training_mem_bytes=memory.training)
     left = steps_left(trainer)
-    windows = TrialWindows(meter.reset, config.window, config.window_s, _epoch_steps(trainer), steps_left=left)
+    windows = TrialWindows(meter.reset, config.window, config.window_s, epoch_steps(trainer), steps_left=left)
     session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, windows=windows, clock=clock,
                             say=say if trainer.is_global_zero else (lambda line: None),
                             worker_memory=worker_private_memory, agree=agree, steps_left=left)
@@ -128,7 +128,7 @@ def more_epochs_ahead(trainer: Any) -> bool:
     return max_steps - trainer.global_step > per_epoch / accumulate
 
 
-def _epoch_steps(trainer: Any) -> int | None:
+def epoch_steps(trainer: Any) -> int | None:
     """Optimizer steps per epoch, when the epoch has a length."""
     batches = trainer.num_training_batches
     if batches in (None, float("inf")) or batches <= 0:

@@ -49,9 +49,8 @@ class PipeOpt(_lightning.JoinedCallback):
         stop_when_tuned: stop the fit cleanly once tuning and its after-window are done (``pipeopt tune``).
         cost_per_hour: the price of an hour of the run's machines (any currency): the report then gives each epoch's
             and the fit's cost before and after tuning. No prices are built in.
-        sample_cache_dir, sample_cache_share, keep_sample_cache: the sample cache's place (default: in shared
-            memory when it has room, else under report_dir, sized by free memory; or a disk directory, by its free
-            space), its share of that, and whether it is kept.
+        sample_cache_dir, sample_cache_share, keep_sample_cache: the sample cache's place (default: shared memory
+            or report_dir, sized by free memory; or a disk directory, by its space), its share, whether it is kept.
         console: where the table is printed (default: a new ``rich.console.Console``).
         clock: host clock, seconds (injectable for tests).
 

@@ -34,6 +34,10 @@ def assemble(*, windows: Sequence[WindowStats], environment: Environment, skippe
         notes.extend(outcome.notes)
     if cache is not None:  # decided last: its rows after the others
         extra["changes"] = [*extra.get("changes", []), *cache.changes]
+        loader_code = loader_suggestion(session.changes) if session is not None else None
+        if cache.changes and loader_code is not None:  # a plain DataLoader keeps the loader's part, not the store
+            extra["suggestions"] = [f"{code} (the loader settings alone: the sample cache needs pipeopt)"
+                                    if code == loader_code else code for code in extra.get("suggestions", [])]
         notes.extend(cache.notes)
         if cache.changes and cache_after is not None:
             after = cache_after

@@ -67,14 +67,15 @@ class CacheSession:
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
                  prepare: Callable[[], str | None] = lambda: None, alone_first: bool = False,
-                 holds_epoch: Callable[[], bool] | None = None, quiet: Callable[[], bool] = lambda: True) -> None:
+                 holds_epoch: Callable[[], bool] | None = None, quiet: Callable[[], bool] = lambda: True,
+                 to_warm: Callable[[], int] = lambda: 0) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended
         self._quiet, self._alone_first = quiet, alone_first
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
-        self._agree, self._floor, self._say, self._steps_left = agree, floor, say, steps_left
+        self._agree, self._floor, self._say, self._steps_left, self._to_warm = agree, floor, say, steps_left, to_warm
         self.state, self.started = CachePhase.WAIT, False
         self.baseline: LoaderSettings = switcher.current
         self._cached_base = self._applied = switcher.current  # (what a cached trial changes: under DALI the filler)
@@ -97,9 +98,8 @@ class CacheSession:
     def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None,
               measured: Iterable[tuple[Rate, float, float]] = ()) -> None:
         """The other groups are done: fill with the settings in place (on a loader of pipeopt's; under DALI, with
-        ``filler``, the fastest DataLoader setting of pipeopt's measured), then wait - unless the loader search found
-        the run compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place (rate, s,
-        wait)."""
+        ``filler``, the fastest DataLoader of pipeopt's measured), then wait - unless the loader search found the run
+        compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place (rate, s, wait)."""
         self.started, self.baseline, self._filling = True, self._switcher.current, list(measured)
         self._applied = self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
@@ -109,12 +109,14 @@ class CacheSession:
         if self.refused is not None:  # in the report's skipped groups
             self.state = CachePhase.DONE
             return
-        if self.baseline.dali:  # DALI reads the files itself: a DataLoader fills the store, then DALI is measured
-            if filler is None:
-                self._finish("DALI is in place and no DataLoader setting was measured to fill the store with")
-                return
-            self._cached_base = filler
-            self._apply(filler, "filling the sample cache")
+        if self.baseline.dali and filler is None:  # DALI reads the files itself: a DataLoader fills the store
+            self._finish("DALI is in place and no DataLoader setting was measured to fill the store with")
+            return
+        self._cached_base = (filler or self.baseline) if self.baseline.dali else self.baseline
+        if not self._room(self._to_warm()):  # after the rest of the epoch that made the store: no fill it cannot try
+            return
+        if self._cached_base != self.baseline:  # under DALI: the filler
+            self._apply(self._cached_base, "filling the sample cache")
             self._switcher.settle()
             return
         if not self._fills():
@@ -134,9 +136,7 @@ class CacheSession:
             self._pending = stats
 
     def on_step_end(self) -> None:
-        failure = self._switcher.take_failure()
-        if failure is not None:
-            self._failure = failure
+        self._failure = self._switcher.take_failure() or self._failure
         if self._pending is None or self.state is CachePhase.DONE:
             return
         stats, self._pending = self._pending, None
@@ -154,8 +154,7 @@ class CacheSession:
                 pooled = pool_recent(self._filling, self._windows.min_window_s)
                 if self._applied != self.baseline and pooled is None:  # filled by a DataLoader: DALI measured again
                     self._apply(self.baseline, "cache: before")
-                    return
-                if pooled is None:  # too little of the settings in place measured yet
+                elif pooled is None:  # too little of the settings in place measured yet
                     self._windows.measure("cache: before", 0, self._applied)
                 else:
                     self._on_before(*pooled)
@@ -168,15 +167,14 @@ class CacheSession:
             self._on_after(measured)
 
     # -- the phases -------------------------------------------------------------------------------------------
-    def _room(self) -> bool:  # the steps for a cached trial and an after-window (and DALI's window before); else done
+    def _room(self, to_warm: int = 0) -> bool:
+        """Steps for a cached trial and an after-window (and DALI's window before) after ``to_warm``; else done."""
         left = self._steps_left()
         cached = dataclasses.replace(self._cached_base, cache=True)
         need = self._windows.trial_steps(self._applied, cached) + (self._windows.window if self.baseline.dali else 0)
-        if left is None or left >= need:
-            return True
-        self._finish(f"the fit has {left} optimizer steps left: too few for a cached trial and an after-window "
-                     f"({need})")
-        return False
+        if left is not None and left < need + to_warm:
+            self._finish(no_room(left, to_warm, need))
+        return left is None or left >= need + to_warm
 
     def _on_before(self, rate: Rate | None, data_wait_frac: float) -> None:
         if rate is None:  # the settings in place failed: nothing to compare with
@@ -321,6 +319,11 @@ def ended_early(state: CachePhase, chosen: CacheTrial | None, applied: LoaderSet
         return (f"the fit ended before the after-window of {chosen.settings.describe()} closed: it was in place for "
                 "the end of the fit, unverified, and is not reported as kept")
     return f"the fit ended while the cache was being tried; it ended on {applied.describe()}"
+
+
+def no_room(left: int, to_warm: int, need: int) -> str:
+    fill = f"to fill the store until the next epoch ({to_warm}), then " if to_warm else ""
+    return f"the fit has {left} optimizer steps left: too few {fill}for a cached trial and an after-window ({need})"
 
 
 def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, before: Rate) -> list[Change]:

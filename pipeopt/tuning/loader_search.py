@@ -306,9 +306,7 @@ class LoaderSearch:
                                     f"(predicted {predicted:,.1f} samples/s)")
                 return
             if attempt and not worth_a_trial(predicted, best, self.floor):
-                self.stop_reason = (f"the loader model predicts no gain beyond noise over "
-                                    f"{_workers(best.settings.num_workers)} ({_workers(n)}: {predicted:,.1f} "
-                                    f"samples/s against {measured(best.rate).value:,.1f} measured)")
+                self.stop_reason = no_gain(best, n, predicted, self.floor)
                 return
             self.predictions[candidate] = predicted  # computed here: propose() need not refit the model for it
             yield candidate
@@ -431,6 +429,15 @@ def worth_a_trial(predicted: float, best: Trial, floor: float) -> bool:
     if capacity.supply_wait(best) >= capacity.SUPPLY_BOUND_WAIT:
         return ahead(Rate(predicted, 0.0), measured(best.rate), floor)
     return faster(Rate(predicted, 0.0), measured(best.rate), floor)
+
+
+def no_gain(best: Trial, n: int, predicted: float, floor: float) -> str:
+    """Why the search stopped where ``worth_a_trial`` said no: by which of its two rules."""
+    bound = capacity.supply_wait(best) >= capacity.SUPPLY_BOUND_WAIT
+    beyond, waited = (f"the {floor:.0%} floor", ", whose loop still waited with no batch ready") if bound else \
+        ("noise", "")
+    return (f"the loader model predicts no gain beyond {beyond} over {_workers(best.settings.num_workers)}{waited} "
+            f"({_workers(n)}: {predicted:,.1f} samples/s against {measured(best.rate).value:,.1f} measured)")
 
 
 def more_workers_on_a_trend(chosen: Trial, ok: list[Trial], baseline: Trial, floor: float) -> Trial:

@@ -316,6 +316,10 @@ def test_after_a_tuning_cache_hit_the_epoch_is_counted_in_samples_and_the_missin
 
     first = run()
     assert any(c.knob == "num_workers" for c in first.changes), first.notes
+    # kept with the cache: the code that keeps it without pipeopt is the loader search's, and says so
+    assert [c.knob for c in first.changes].count("cache") == 1
+    assert len(first.suggestions) == 1 and first.suggestions[0].startswith("DataLoader(..., num_workers=")
+    assert first.suggestions[0].endswith("(the loader settings alone: the sample cache needs pipeopt)")
     second = run()
     assert any("applied the cached loader configuration" in n for n in second.notes), second.notes
     # made in the first epoch, while it drew the rest: the cached configuration's switch came before the epoch's

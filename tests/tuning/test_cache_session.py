@@ -227,6 +227,21 @@ def test_no_cache_trial_starts_that_the_fit_cannot_finish():
     assert any("too few for a cached trial and an after-window" in n for n in session.outcome.notes)
 
 
+def test_under_dali_no_store_is_filled_that_the_fit_could_not_try_after_the_epoch_that_made_it():
+    """The store is read from the epoch after the one that made it: a fill that leaves no room for a cached trial
+    and its after-window then costs the rest of the epoch at the filling DataLoader's pace, for nothing."""
+    dali, two = LoaderSettings.dali_on("cpu"), dataclasses.replace(EIGHT, num_workers=2)
+    for left, filled in ((400, True), (150, False)):
+        switcher = FakeSwitcher()
+        switcher.current = dali
+        session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20), warm=lambda: False,
+                               fills=lambda: False, steps_left=lambda left=left: left, to_warm=lambda: 100)
+        session.begin(0.3, two)
+        assert switcher.switches == ([two] if filled else []) and (session.state == "done") != filled
+    assert any("too few to fill the store until the next epoch (100), then for a cached trial" in n
+               for n in session.outcome.notes), session.outcome.notes
+
+
 def test_when_the_main_process_alone_keeps_pace_no_workers_are_kept():
     def world(settings):
         if settings.cache:  # the store removed the work: the workers' processes only cost CPU and IPC
