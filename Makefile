@@ -86,7 +86,7 @@ bench-dali: $(VISION_STAMP)
 # ImageFolder ones (torchvision, DALI) in .venv-vision; one results file.
 bench-cache: $(STAMP) $(VISION_STAMP)
 	$(PY) -m benchmarks.sample_cache --scenarios storage_latency storage_latency_high
-	$(VPY) -m benchmarks.sample_cache --scenarios validation_chain imagefolder_decode
+	$(VPY) -m benchmarks.sample_cache --scenarios validation_chain imagefolder_decode imagefolder_decode_long
 
 clean:
 	rm -rf $(VENV) $(VISION_VENV) $(LVENV) pipeopt_reports .pytest_cache .test-repeat

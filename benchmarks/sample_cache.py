@@ -1,7 +1,7 @@
 """The sample cache against the best DataLoader setting and the compute-only ceiling, epoch by epoch.
 
     python -m benchmarks.sample_cache [--repeats 2] [--scenarios storage_latency storage_latency_high]
-    .venv-vision/bin/python -m benchmarks.sample_cache --scenarios validation_chain imagefolder_decode
+    .venv-vision/bin/python -m benchmarks.sample_cache --scenarios validation_chain imagefolder_decode [...]
     (``make bench-cache`` runs both)
 
 For each scenario, in one invocation and in rounds whose order rotates (every repeat kept):
