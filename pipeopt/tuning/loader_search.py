@@ -426,16 +426,19 @@ def worth_a_trial(predicted: float, best: Trial, floor: float) -> bool:
     """The refitted model's pick is worth its trial: it predicts a gain beyond noise over ``best`` - beyond the
     floor alone where ``best``'s loop still waited with no batch ready (``capacity.SUPPLY_BOUND_WAIT``): there only
     more workers can take that wait away, and a noisy window must not stop the search short of measuring them."""
-    if capacity.supply_wait(best) >= capacity.SUPPLY_BOUND_WAIT:
+    if _supply_bound(best):
         return ahead(Rate(predicted, 0.0), measured(best.rate), floor)
     return faster(Rate(predicted, 0.0), measured(best.rate), floor)
 
 
+def _supply_bound(trial: Trial) -> bool:
+    return capacity.supply_wait(trial) >= capacity.SUPPLY_BOUND_WAIT
+
+
 def no_gain(best: Trial, n: int, predicted: float, floor: float) -> str:
     """Why the search stopped where ``worth_a_trial`` said no: by which of its two rules."""
-    bound = capacity.supply_wait(best) >= capacity.SUPPLY_BOUND_WAIT
-    beyond, waited = (f"the {floor:.0%} floor", ", whose loop still waited with no batch ready") if bound else \
-        ("noise", "")
+    beyond, waited = (f"the {floor:.0%} floor", ", whose loop still waited with no batch ready") \
+        if _supply_bound(best) else ("noise", "")
     return (f"the loader model predicts no gain beyond {beyond} over {_workers(best.settings.num_workers)}{waited} "
             f"({_workers(n)}: {predicted:,.1f} samples/s against {measured(best.rate).value:,.1f} measured)")
 
