@@ -1,7 +1,7 @@
 """Every torch DataLoader internal pipeopt relies on that is not a public API, in one module (tested with torch 2.13
 and 2.14): how a running iterator hands over its remaining indices (and whether their order is decided already),
-stops, counts its ready batches, and how its workers' deaths reach pipeopt instead of the main thread. A torch
-upgrade that renames one breaks this file only.
+stops, counts its ready batches, how its workers' deaths reach pipeopt instead of the main thread, and how its default
+collate makes a batch. A torch upgrade that renames one breaks this file only.
 """
 
 from __future__ import annotations
@@ -196,3 +196,49 @@ def ready_batches(iterator: Any) -> int | None:
     except (NotImplementedError, OSError, AttributeError):  # qsize() is not implemented on macOS
         return None
     return ready + sum(1 for info in getattr(iterator, "_task_info", {}).values() if len(info) == 2)
+
+
+# -- batches made as torch's default collate makes them ----------------------------------------------------------
+def is_default_collate(collate_fn: Any) -> bool:
+    """``collate_fn`` is torch's ``default_collate`` (what a DataLoader given none uses)."""
+    from torch.utils.data._utils.collate import default_collate
+
+    return collate_fn is default_collate
+
+
+def batch_tensor(rows: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """An empty tensor of ``rows`` x ``shape`` for a batch, made where torch's default collate makes its batches: in
+    shared memory inside a loader worker (so that handing it to the main process copies nothing), else in the
+    process's own."""
+    import torch
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is None:
+        return torch.empty((rows, *shape), dtype=dtype)
+    template = torch.empty(0, dtype=dtype)
+    numel = rows * int(torch.Size(shape).numel())
+    storage = template._typed_storage()._new_shared(numel, device=template.device)  # as collate_tensor_fn does
+    return template.new(storage).resize_(rows, *shape)
+
+
+def _rows_or_stacked(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """A batch's tensors: when they are rows 0..n-1 of one contiguous tensor, that tensor (what stacking them makes,
+    bit for bit, without copying them); otherwise stacked, as torch does."""
+    from torch.utils.data._utils.collate import collate_tensor_fn
+
+    base = batch[0]._base
+    if (base is not None and base.is_contiguous() and base.shape[0] == len(batch)
+            and all(t._base is base and t.shape == base.shape[1:] and t.storage_offset() == base.storage_offset()
+                    + row * base.stride(0) for row, t in enumerate(batch))):
+        return base
+    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+
+
+def collate_rows(batch: Any) -> Any:
+    """torch's ``default_collate``, except that tensors read straight into the rows of one batch tensor (the sample
+    cache's ``SampleStore.get_rows``) are handed on as that tensor: the same batch, bit for bit, without the
+    stack's copy."""
+    import torch
+    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+    return collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: _rows_or_stacked})

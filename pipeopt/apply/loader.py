@@ -79,7 +79,8 @@ def build_loader(
     dataset: Any = None,
 ) -> DataLoader:
     """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs; reading ``dataset``
-    (the user's, wrapped by the sample cache) instead of the user's when given."""
+    (the user's, wrapped by the sample cache) instead of the user's when given - with ``collate_rows`` for torch's
+    default collate where that dataset reads batches straight into their rows."""
     if user.batch_sampler is not None:
         drawn: dict[str, Any] = {"batch_sampler": ResumingSampler(user.batch_sampler, first, before_epoch)}
     else:  # no automatic batching: the sampler yields single indices
@@ -93,6 +94,7 @@ def build_loader(
         prefetch_factor=settings.prefetch_factor,
         persistent_workers=settings.persistent_workers,
         **({"dataset": dataset} if dataset is not None else {}),
+        **({"collate_fn": _dataloader.collate_rows} if getattr(dataset, "rows", False) else {}),
         **drawn,
     )
 
@@ -181,7 +183,10 @@ class LoaderSwitcher:
             if self._dali is None:
                 raise ValueError(f"{settings.describe()} needs a DALI source; none was given to the switcher")
             return self._dali.start(self.user, settings.dali, first=stream, generator=self._generator)
-        dataset = self.cache.dataset(read=settings.cache) if self.cache is not None else None
+        dataset = None
+        if self.cache is not None:  # whole items are read a batch at a time where torch's collate makes the batch
+            rows = self.user.batch_sampler is not None and _dataloader.is_default_collate(self.user.collate_fn)
+            dataset = self.cache.dataset(read=settings.cache, rows=rows)
         return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout,
                             dataset=dataset)
 

@@ -210,8 +210,9 @@ class CachedDataset(Dataset):
     """The user's dataset, with the cached part of each item made at most once: on a miss it is made and stored;
     when ``read``, a stored one is decoded instead of made. Items equal the user's bit for bit."""
 
-    def __init__(self, split: Split, store: SampleStore, *, read: bool) -> None:
+    def __init__(self, split: Split, store: SampleStore, *, read: bool, rows: bool = False) -> None:
         self.split, self.store, self.read = split, store, read
+        self.rows = rows and read and split.whole  # read a batch's whole items straight into rows of its tensors
         self.full = False  # this process saw the budget run out: it stops trying to store
         self.broken = False  # this process could not reach the store: it makes every item, as without it
 
@@ -219,14 +220,29 @@ class CachedDataset(Dataset):
         return len(self.split)
 
     def __getitem__(self, i: Any) -> Any:
-        i = operator.index(i)
-        if i < 0:
-            i += len(self.split)
+        i = self._position(i)
         part = self._stored(i) if self.read and not self.broken else _MISSING
         if part is _MISSING:
             part = self.split.make(i)  # the user's code: its exceptions are the user's
             self._keep(i, part)
         return self.split.finish(part, i)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A batch's items (the DataLoader collates them). With ``rows``, whole items stored for every index are read
+        straight into one tensor per field of the batch (``SampleStore.get_rows``: ``_dataloader.collate_rows`` hands
+        it on without stacking); any other batch is read item by item."""
+        if self.rows and not self.broken:
+            try:
+                items = self.store.get_rows([self._position(i) for i in indices])
+            except Exception:  # the store cannot be read: made as without it, from now on
+                self.broken, items = True, None
+            if items is not None:
+                return [self.split.finish(item, i) for item, i in zip(items, indices)]
+        return [self[i] for i in indices]
+
+    def _position(self, i: Any) -> int:
+        i = operator.index(i)
+        return i + len(self.split) if i < 0 else i
 
     def fill(self, i: int) -> None:
         """Make and store item ``i``'s cached part unless the store has it; nothing is returned, nothing after the
@@ -266,8 +282,8 @@ class SampleCache:
         self.split, self.store, self.keep = split, store, keep
         self.on_close: list[Callable[[], None]] = []  # work that fills the store, stopped before it goes
 
-    def dataset(self, *, read: bool) -> CachedDataset:
-        return CachedDataset(self.split, self.store, read=read)
+    def dataset(self, *, read: bool, rows: bool = False) -> CachedDataset:
+        return CachedDataset(self.split, self.store, read=read, rows=rows)
 
     def close(self) -> None:
         """The fit is over: what still fills the store stops, and the store is deleted, unless it is to be kept for a

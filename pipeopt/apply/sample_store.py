@@ -27,13 +27,15 @@ import pickle
 import shutil
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from pipeopt import _dataloader
 
 _MAGIC = 0x70697065_6F707403  # "pipeopt" + version 3 (records: a frame, the pickle, its buffers out of band)
 #: Processes of one node that share a store count what they make apart (a slot each: a rank's loaders).
@@ -132,6 +134,43 @@ class SampleStore:
         if not hasattr(os, "preadv") or os.preadv(data_fd, [buffer], offset) != length:
             buffer[:] = os.pread(data_fd, length, offset)
         return buffer
+
+    def get_rows(self, positions: Sequence[int]) -> list[Any] | None:
+        """The items stored at ``positions``, each tensor in them read straight from the store into its row of one
+        new tensor per field of the batch (``_Rows``), which ``_dataloader.collate_rows`` hands on whole instead of
+        stacking: one copy of each sample's bytes in all, none of them through buffers of their own. None when one
+        of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
+        dtype or shape differs between them): the caller reads them one by one."""
+        index, data_fd, _ = self._open()
+        records = []
+        for position in positions:
+            slot = _HEADER + 2 * position
+            length, offset = index[slot + 1], index[slot]
+            if not length:
+                return None
+            head = os.pread(data_fd, min(length, _HEAD), offset)
+            count, payload_length = _FRAME.unpack_from(head)
+            at = _FRAME.size + 8 * count
+            if at + payload_length > len(head):
+                head = os.pread(data_fd, at + payload_length, offset)
+            sizes = struct.unpack_from(f"<{count}Q", head, _FRAME.size)
+            records.append((offset, head[at:at + payload_length], sizes, _buffer_starts(at + payload_length, sizes)))
+        fields = _Fields.of(records[0][1], len(records[0][2]))
+        if fields is None:
+            return None
+        rows = [_Rows(_dataloader.batch_tensor(len(records), dtype, shape)) for dtype, shape in fields.kinds]
+        items = []
+        for row, (offset, payload, sizes, starts) in enumerate(records):
+            if sizes != records[0][2]:
+                return None
+            for field, start, size in zip(rows, starts, sizes):
+                if size and os.preadv(data_fd, [field.bytes_of(row)], offset + start) != size:
+                    return None
+            try:
+                items.append(pickle.loads(payload, buffers=[field.at(row) for field in rows]))
+            except _NotAlike:
+                return None
+        return items
 
     def has(self, position: int) -> bool:
         index, _, _ = self._open()
@@ -234,11 +273,74 @@ def _tensor(dtype: str, shape: tuple[int, ...], raw: Any, cls: type = torch.Tens
             attrs: dict[str, Any] | None = None) -> torch.Tensor:
     """``raw``: the tensor's bytes - a writable view into the record ``decode`` was given (the tensor then shares its
     memory: no copy), or read-only bytes (copied: a tensor the user's code may write to)."""
+    if isinstance(raw, _Row | _Probe):  # a batch read straight from the store (``SampleStore.get_rows``)
+        return raw.take(dtype, shape, cls)
     view = memoryview(raw)
     if view.nbytes == 0:
         return _subclass(torch.empty(0, dtype=getattr(torch, dtype)).reshape(shape), cls, attrs)
     flat = torch.frombuffer(view if not view.readonly else bytearray(view), dtype=getattr(torch, dtype))
     return _subclass(flat.reshape(shape), cls, attrs)
+
+
+class _NotAlike(Exception):
+    """An item's field does not fit the row made for it from the first item of the batch."""
+
+
+class _Rows:
+    """One field of a batch read straight from the store: a tensor of one row per item, whose bytes are read into
+    it before the items are unpickled; ``at(row)`` is what that item's pickle receives as its buffer."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def bytes_of(self, row: int) -> memoryview:
+        return memoryview(self.tensor[row].reshape(-1).view(torch.uint8).numpy().data)
+
+    def at(self, row: int) -> _Row:
+        return _Row(self.tensor, row)
+
+
+class _Row:
+    """``_tensor``'s buffer when a batch is read straight: it makes row ``row`` of ``tensor`` (a view of it)."""
+
+    def __init__(self, tensor: torch.Tensor, row: int) -> None:
+        self.tensor, self.row = tensor, row
+
+    def take(self, dtype: str, shape: tuple[int, ...], cls: type) -> torch.Tensor:
+        if cls is not torch.Tensor or self.tensor.dtype != getattr(torch, dtype) or self.tensor.shape[1:] != shape:
+            raise _NotAlike(f"{cls.__name__} {dtype} {shape}")
+        return self.tensor[self.row]
+
+
+class _Probe:
+    """``_tensor``'s buffer when reading an item's fields: it notes the tensor's dtype and shape and its class."""
+
+    def __init__(self) -> None:
+        self.kind: tuple[torch.dtype, tuple[int, ...]] | None = None
+        self.plain = False
+
+    def take(self, dtype: str, shape: tuple[int, ...], cls: type) -> torch.Tensor:
+        self.kind, self.plain = (getattr(torch, dtype), tuple(shape)), cls is torch.Tensor
+        return torch.empty(0)
+
+
+class _Fields:
+    """The tensors an item's record holds out of band, in order: each one's dtype and shape."""
+
+    def __init__(self, kinds: list[tuple[torch.dtype, tuple[int, ...]]]) -> None:
+        self.kinds = kinds
+
+    @classmethod
+    def of(cls, payload: bytes, count: int) -> _Fields | None:
+        """The fields of the item ``payload`` pickles, or None unless every out-of-band buffer is a plain tensor."""
+        probes = [_Probe() for _ in range(count)]
+        try:
+            pickle.loads(payload, buffers=probes)
+        except Exception:  # a buffer of something else (a NumPy array's, say): read item by item
+            return None
+        if not all(p.kind is not None and p.plain for p in probes):
+            return None
+        return cls([p.kind for p in probes if p.kind is not None])
 
 
 def _subclass(tensor: torch.Tensor, cls: type, attrs: dict[str, Any] | None) -> torch.Tensor:
@@ -268,6 +370,18 @@ class _Pickler(pickle.Pickler):
 #: the buffers - each at an offset that is a multiple of _ALIGN from the record's start.
 _FRAME = struct.Struct("<II")
 _ALIGN = 64
+#: Bytes read at first for a record's frame and pickle when a batch is read straight (the rest only if longer).
+_HEAD = 512
+
+
+def _buffer_starts(at: int, sizes: tuple[int, ...]) -> list[int]:
+    """Where each out-of-band buffer of a record starts, from the end of its pickle (``at``)."""
+    starts = []
+    for size in sizes:
+        at += -at % _ALIGN
+        starts.append(at)
+        at += size
+    return starts
 
 
 def encode(obj: Any) -> bytes:
@@ -294,10 +408,6 @@ def decode(record: bytes | bytearray) -> Any:
     count, length = _FRAME.unpack_from(view)
     sizes = struct.unpack_from(f"<{count}Q", view, _FRAME.size)
     at = _FRAME.size + 8 * count
-    payload, at = view[at:at + length], at + length
-    buffers = []
-    for size in sizes:
-        at += -at % _ALIGN
-        buffers.append(view[at:at + size])
-        at += size
+    payload = view[at:at + length]
+    buffers = [view[start:start + size] for start, size in zip(_buffer_starts(at + length, sizes), sizes)]
     return pickle.loads(payload, buffers=buffers)

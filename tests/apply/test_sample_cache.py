@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from pipeopt import _dataloader
 from pipeopt.apply.sample_cache import CachedDataset, SampleCache, WholeSplit, plan, refusal
 from pipeopt.apply.sample_store import SampleStore, decode, encode, sweep
 
@@ -201,3 +202,67 @@ def test_a_store_that_goes_away_or_an_item_it_cannot_hold_never_fails_a_fetch(tm
 
     odd = CachedDataset(WholeSplit(Unpicklable()), SampleStore(tmp_path / "t", 64, 1 << 20), read=True)
     assert odd[1]["f"]() == 1 and odd.broken
+
+
+def _filled(tmp_path, dataset) -> SampleCache:
+    cache = SampleCache(plan(dataset), SampleStore(tmp_path / "s", len(dataset), 1 << 20))
+    for _ in DataLoader(cache.dataset(read=False), batch_size=8):
+        pass
+    return cache
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_whole_items_read_a_batch_at_a_time_collate_to_the_same_batches_bit_for_bit(tmp_path, workers):
+    """Each tensor field of a batch of whole items is read from the store straight into its row of one batch tensor,
+    which the collate hands on instead of stacking: the batches equal default_collate's (values, dtypes, strides;
+    the other fields collated as torch does), in a loader worker too (where the batch is made in shared memory)."""
+    dataset = Counted()
+    cache = _filled(tmp_path, dataset)
+    reader = cache.dataset(read=True, rows=True)
+    assert reader.rows
+    plain = list(DataLoader(dataset, batch_size=8, shuffle=False))
+    made = cache.store.stats().made  # the items made on a miss, in any process
+    rows = list(DataLoader(reader, batch_size=8, collate_fn=_dataloader.collate_rows, num_workers=workers,
+                           persistent_workers=workers > 0))
+    assert len(rows) == len(plain) == 8
+    for a, b in zip(plain, rows):
+        assert a.keys() == b.keys() and a["name"] == b["name"]
+        for key in ("x", "y"):
+            assert torch.equal(a[key], b[key]) and a[key].dtype == b[key].dtype and a[key].stride() == b[key].stride()
+    assert cache.store.stats().made == made  # all of it from the store
+    items = reader.__getitems__([5, 0, 63])
+    batch = _dataloader.collate_rows(items)
+    assert batch["x"].data_ptr() == items[0]["x"].data_ptr()  # the rows' tensor itself: no stack, no second copy
+    assert torch.equal(batch["x"], torch.stack([dataset[i]["x"] for i in (5, 0, 63)]))
+    batch["x"].mul_(0)  # a batch is its own: writing to it changes neither the store nor a later read
+    assert torch.equal(_dataloader.collate_rows(reader.__getitems__([5]))["x"][0], dataset[5]["x"])
+    cache.close()
+
+
+def test_a_batch_the_store_cannot_read_whole_is_read_item_by_item(tmp_path):
+    """A position not stored (made and stored on the way), items whose fields differ, a field that is not a plain
+    tensor: the batch is read as before, item by item, and the collate stacks it as torch does."""
+    dataset = Counted()
+    cache = SampleCache(plan(dataset), SampleStore(tmp_path / "s", 64, 1 << 20))
+    reader = cache.dataset(read=True, rows=True)
+    _ = [reader[i] for i in range(4)]
+    assert cache.store.get_rows([0, 1, 2, 3]) is not None and cache.store.get_rows([0, 9]) is None
+    made = dataset.made
+    batch = _dataloader.collate_rows(reader.__getitems__([0, 9]))
+    assert dataset.made == made + 1 and cache.store.has(9)
+    assert torch.equal(batch["x"], torch.stack([dataset[0]["x"], dataset[9]["x"]]))
+    store = cache.store
+    assert store.put(10, encode({"x": torch.zeros(4, 5)}), 0) and store.put(11, encode({"x": torch.zeros(3, 5)}), 0)
+    assert store.put(12, encode({"x": np.zeros(3)}), 0) and store.put(13, encode({"x": np.zeros(3)}), 0)
+    assert store.get_rows([10, 11]) is None and store.get_rows([12, 13]) is None
+    assert store.get_rows([11, 10]) is None  # the first item's fields decide; the second's differ
+    cache.close()
+
+
+def test_only_whole_items_are_read_a_batch_at_a_time():
+    split = plan(Counted())
+    store = SampleStore.__new__(SampleStore)
+    assert CachedDataset(split, store, read=True, rows=True).rows
+    assert not CachedDataset(split, store, read=False, rows=True).rows  # a filling loader makes each item
+    split.whole = False  # e.g. a random crop left per sample after the store
+    assert not CachedDataset(split, store, read=True, rows=True).rows

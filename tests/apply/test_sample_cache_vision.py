@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, default_collate
 
+from pipeopt import _dataloader
 from pipeopt._torchvision import flatten as flat
 from pipeopt.apply import sample_store
 from pipeopt.apply.sample_cache import FolderSplit, plan, refusal
@@ -62,12 +63,18 @@ def test_a_chain_with_nothing_random_is_cached_whole(images, tmp_path, chain):
     assert "as the model sees it" in split.describe()
     from pipeopt.apply.sample_cache import CachedDataset
 
-    cached = CachedDataset(split, sample_store.SampleStore(tmp_path / "s", len(split), 1 << 24), read=True)
+    store = sample_store.SampleStore(tmp_path / "s", len(split), 1 << 24)
+    cached = CachedDataset(split, store, read=True)
     for i in range(len(dataset)):
         cached[i]  # fill
     for i in range(len(dataset)):
         image, label = cached[i]
         assert image.dtype == torch.float32 and torch.equal(image, dataset[i][0]) and label == dataset[i][1]
+    # a batch at a time (torchvision's v2 Image tensors, a subclass, item by item): torch's own batch, bit for bit
+    positions = list(range(len(dataset)))[::-1]
+    batch = _dataloader.collate_rows(CachedDataset(split, store, read=True, rows=True).__getitems__(positions))
+    expected = default_collate([dataset[i] for i in positions])
+    assert all(type(a) is type(b) and torch.equal(a, b) for a, b in zip(batch, expected))
 
 
 def test_items_rebuilt_from_the_store_equal_the_datasets_under_the_same_seed(images, tmp_path):

@@ -10,9 +10,9 @@ import psutil
 import pytest
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
-from pipeopt import PipeOpt
+from pipeopt import PipeOpt, _dataloader, _lightning
 from pipeopt.callbacks import cache_start
 from tests.helpers import (
     Regressor,
@@ -40,12 +40,26 @@ class RandomItems(SleepyDataset):
         return x + torch.rand(self.dim), y
 
 
-def fit(callbacks, dataset, *, epochs=5, seed=3):
+def fit(callbacks, dataset, *, epochs=5, seed=3, collate_fn=None):
     pl.seed_everything(seed, verbose=False)
     model = Regressor(hidden=32, dropout=0.5, batchnorm=True)
     trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
-    trainer.fit(model, DataLoader(dataset, batch_size=8, shuffle=True))
+    trainer.fit(model, DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=collate_fn))
     return model, trainer
+
+
+class Collates(pl.Callback):
+    """The collate function of the train loader each epoch ended with."""
+
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.seen.append(_lightning.train_combined_loader(trainer).flattened[0].collate_fn)
+
+
+def users_collate(batch):
+    return default_collate(batch)
 
 
 def _cached_faster(monkeypatch):
@@ -53,15 +67,19 @@ def _cached_faster(monkeypatch):
     controlled_rates(monkeypatch, lambda settings: 300.0 if getattr(settings, "cache", False) else 100.0)
 
 
-def test_a_kept_cache_serves_items_from_the_store_and_the_weights_are_bit_identical(monkeypatch, tmp_path):
+@pytest.mark.parametrize("collate_fn", [None, users_collate], ids=["torch's collate", "the user's collate"])
+def test_a_kept_cache_serves_items_from_the_store_and_the_weights_are_bit_identical(monkeypatch, tmp_path,
+                                                                                     collate_fn):
     data = CountingDataset(n=128, delay_s=0.001)
     CountingDataset.made = 0
-    plain, _ = fit([], data)
+    plain, _ = fit([], data, collate_fn=collate_fn)
     made_plain, plain_rng = CountingDataset.made, torch.get_rng_state()
     _cached_faster(monkeypatch)
     CountingDataset.made = 0
-    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
-    tuned, _ = fit([callback], data)
+    callback, collates = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False), Collates()
+    tuned, _ = fit([callback, collates], data, collate_fn=collate_fn)
+    # whole items are read a batch at a time only where torch's collate made the user's batches
+    assert collates.seen[-1] is (_dataloader.collate_rows if collate_fn is None else users_collate)
     report = callback.report
     assert [c.knob for c in report.changes] == ["cache"]
     assert tuned.seen == plain.seen
