@@ -141,6 +141,8 @@ class SampleStore:
         stacking: one copy of each sample's bytes in all, none of them through buffers of their own. None when one
         of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
         dtype or shape differs between them): the caller reads them one by one."""
+        if not positions:
+            return []
         index, data_fd, _ = self._open()
         records = []
         for position in positions:

@@ -247,6 +247,7 @@ def test_a_batch_the_store_cannot_read_whole_is_read_item_by_item(tmp_path):
     reader = cache.dataset(read=True, rows=True)
     _ = [reader[i] for i in range(4)]
     assert cache.store.get_rows([0, 1, 2, 3]) is not None and cache.store.get_rows([0, 9]) is None
+    assert reader.__getitems__([]) == [] and not reader.broken
     made = dataset.made
     batch = _dataloader.collate_rows(reader.__getitems__([0, 9]))
     assert dataset.made == made + 1 and cache.store.has(9)
