@@ -16,7 +16,6 @@ the user's own loader would have made creating its iterator.
 from __future__ import annotations
 
 import inspect
-import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -31,34 +30,6 @@ from pipeopt.apply.sample_cache import CachedDataset, SampleCache
 from pipeopt.tuning.loader_search import LoaderSettings
 
 _INIT_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
-#: How far below the training process's CPU priority the workers of pipeopt's loaders run (``os.nice``).
-WORKER_NICENESS = 10
-
-
-class GiveWay:
-    """A ``worker_init_fn`` for loader workers that give way to the training process: each lowers its own CPU
-    priority (``os.nice(WORKER_NICENESS)``), then runs ``worker_init_fn`` when given (the user's).
-
-    Where the CPUs are oversubscribed, the training step's intra-op threads then run as soon as they can instead of
-    waiting out the workers' time slices - a parallel region is only as fast as its last preempted thread - and the
-    workers take every CPU the step leaves idle. Every loader pipeopt builds has its workers give way (the rates
-    its trials measure are theirs), so the code that keeps its settings without pipeopt passes one too. What the
-    workers make, and the random numbers they draw, are unchanged."""
-
-    def __init__(self, worker_init_fn: Callable[[int], None] | None = None) -> None:
-        self.worker_init_fn = worker_init_fn
-
-    def __call__(self, worker_id: int) -> None:
-        try:
-            os.nice(WORKER_NICENESS)
-        except (AttributeError, OSError):  # no os.nice on this platform: the worker runs at the usual priority
-            pass
-        if self.worker_init_fn is not None:
-            self.worker_init_fn(worker_id)
-
-
-def giving_way(worker_init_fn: Callable[[int], None] | None) -> GiveWay:
-    return worker_init_fn if isinstance(worker_init_fn, GiveWay) else GiveWay(worker_init_fn)
 
 
 def unsupported(loader: Any) -> str | None:
@@ -74,17 +45,16 @@ def unsupported(loader: Any) -> str | None:
 
 
 def loader_like(user: DataLoader, **changes: Any) -> DataLoader:
-    """A ``torch.utils.data.DataLoader`` with ``user``'s dataset, collate function, worker init (its workers giving
-    way to the training process first: ``GiveWay``), generator, timeout, worker and pinning settings, except
-    ``changes`` - which must say how batches are drawn (``batch_sampler=``, or ``sampler=`` with
-    ``batch_size=None``)."""
+    """A ``torch.utils.data.DataLoader`` with ``user``'s dataset, collate function, worker init, generator, timeout,
+    worker and pinning settings, except ``changes`` - which must say how batches are drawn (``batch_sampler=``,
+    or ``sampler=`` with ``batch_size=None``)."""
     kwargs: dict[str, Any] = {
         "dataset": user.dataset,
         "num_workers": user.num_workers,
         "collate_fn": user.collate_fn,
         "pin_memory": user.pin_memory,
         "timeout": user.timeout,
-        "worker_init_fn": giving_way(user.worker_init_fn),
+        "worker_init_fn": user.worker_init_fn,
         "generator": user.generator,
         "prefetch_factor": user.prefetch_factor,
         "persistent_workers": user.persistent_workers,

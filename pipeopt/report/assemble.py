@@ -34,7 +34,7 @@ def assemble(*, windows: Sequence[WindowStats], environment: Environment, skippe
         notes.extend(outcome.notes)
     if cache is not None:  # decided last: its rows after the others
         extra["changes"] = [*extra.get("changes", []), *cache.changes]
-        loader_code = _suggestion(session) if session is not None else None
+        loader_code = loader_suggestion(session.changes) if session is not None else None
         if cache.changes and loader_code is not None:  # a plain DataLoader keeps the loader's part, not the store
             extra["suggestions"] = [f"{code} (the loader settings alone: the sample cache needs pipeopt)"
                                     if code == loader_code else code for code in extra.get("suggestions", [])]
@@ -77,13 +77,8 @@ def _loader_part(windows: Sequence[WindowStats], session: LoaderSession | None, 
         notes.append(f"the fit ended before loader tuning finished (it was in its {session.state} phase); the run "
                      f"ended with {current_loader}{verified}")
     notes.extend(session.notes)
-    suggestion = _suggestion(session)
+    suggestion = loader_suggestion(session.changes)
     trials = session.search.trials if session.search is not None else []
     return before, after, dict(changes=loader_changes(session), trials=trial_rows(trials),
                                suggestions=[suggestion] if suggestion else [],
                                predicted_speedup=predicted_speedup(session))
-
-
-def _suggestion(session: LoaderSession) -> str | None:
-    kept = session.kept
-    return loader_suggestion(session.changes, workers=kept is not None and not kept.dali and kept.num_workers > 0)

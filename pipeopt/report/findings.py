@@ -38,12 +38,10 @@ def loader_changes(session: LoaderSession) -> list[Change]:
     return [dataclasses.replace(c, predicted_speedup=predicted, measured_speedup=measured) for c in session.changes]
 
 
-def loader_suggestion(changes: Sequence[Change], *, workers: bool = False) -> str | None:
-    """The code that keeps the loader changes without pipeopt (None: nothing changed); ``workers``: the kept
-    settings load in worker processes, which gave way to the training process (``pipeopt.GiveWay``) when measured."""
+def loader_suggestion(changes: Sequence[Change]) -> str | None:
+    """The code that keeps the loader changes without pipeopt (None: nothing changed)."""
     if not changes:
         return None
     if changes[0].knob == "dali":
         return f"pipeopt.dali.loader_from(train_loader, device={changes[0].after!r})"
-    give_way = ["worker_init_fn=pipeopt.GiveWay()"] if workers else []
-    return "DataLoader(..., " + ", ".join([*(f"{c.knob}={c.after!r}" for c in changes), *give_way]) + ")"
+    return "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in changes) + ")"

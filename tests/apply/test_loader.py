@@ -1,7 +1,6 @@
 """Handing a running epoch from one DataLoader to another: same samples, same order, each once."""
 
 import itertools
-import os
 import time
 
 import psutil
@@ -12,7 +11,7 @@ from torch.utils.data import DataLoader
 from pipeopt import _dataloader
 from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, peek_seed
-from pipeopt.apply.loader import WORKER_NICENESS, GiveWay, loader_like, start_loader, unsupported
+from pipeopt.apply.loader import start_loader, unsupported
 from pipeopt.tuning.loader_search import LoaderSettings
 from tests.apply.datasets import CrashesWithManyWorkers, Indexed
 from tests.batches import KINDS, ShapedCollate, ids_of
@@ -210,36 +209,3 @@ def test_live_ready_batches_names_the_running_epoch():
     epochs = [r[0] for r in readings]
     assert all(e is epochs[0] for e in epochs[:8]) and all(e is epochs[8] for e in epochs[8:])
     assert epochs[8] is not epochs[0]  # a new epoch is a new token, even with persistent workers
-
-
-class Priority(torch.utils.data.Dataset):
-    """Each item: the CPU priority (niceness) of the process that made it, and whether the user's init ran there."""
-
-    initialised = False
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        return os.getpriority(os.PRIO_PROCESS, 0), Priority.initialised
-
-
-def _users_init(worker_id):
-    Priority.initialised = True
-
-
-@pytest.mark.skipif(not hasattr(os, "nice"), reason="os.nice: POSIX only")
-def test_the_workers_of_pipeopts_loaders_give_way_to_the_training_process_after_the_users_init_is_kept():
-    """pipeopt's workers run below the training process's CPU priority (so that the step's threads are not
-    preempted by them), once, however often a loader is rebuilt from another; the user's worker_init_fn still runs
-    in each; the user's own loader is untouched."""
-    here = os.getpriority(os.PRIO_PROCESS, 0)
-    user = DataLoader(Priority(), batch_size=None, num_workers=2, worker_init_fn=_users_init)
-    built = loader_like(user, sampler=range(8), batch_size=None)
-    again = loader_like(built, sampler=range(8), batch_size=None)
-    lowered = min(here + WORKER_NICENESS, 19)
-    for loader in (built, again):
-        assert isinstance(loader.worker_init_fn, GiveWay) and loader.worker_init_fn.worker_init_fn is _users_init
-        assert [tuple(map(int, item)) for item in loader] == [(lowered, 1)] * 8
-    assert [tuple(map(int, item)) for item in user] == [(here, 1)] * 8
-    assert os.getpriority(os.PRIO_PROCESS, 0) == here  # the training process keeps its own
