@@ -170,7 +170,7 @@ class SampleStore:
                     return None
             try:
                 items.append(pickle.loads(payload, buffers=[field.at(row) for field in rows]))
-            except _NotAlike:
+            except Exception:  # not alike the first (``_NotAlike``; a NumPy array's buffer, say): one by one
                 return None
         return items
 

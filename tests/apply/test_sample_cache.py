@@ -257,6 +257,8 @@ def test_a_batch_the_store_cannot_read_whole_is_read_item_by_item(tmp_path):
     assert store.put(12, encode({"x": np.zeros(3)}), 0) and store.put(13, encode({"x": np.zeros(3)}), 0)
     assert store.get_rows([10, 11]) is None and store.get_rows([12, 13]) is None
     assert store.get_rows([11, 10]) is None  # the first item's fields decide; the second's differ
+    assert store.put(14, encode({"x": np.zeros(15, dtype=np.float32)}), 0)  # the bytes of a 3 x 5 float tensor
+    assert store.get_rows([11, 14]) is None  # ... or are not a tensor at all
     cache.close()
 
 
