@@ -231,14 +231,15 @@ class CachedDataset(Dataset):
         """A batch's items (the DataLoader collates them). With ``rows``, whole items stored for every index are read
         straight into one tensor per field of the batch (``SampleStore.get_rows``: ``_dataloader.collate_rows`` hands
         it on without stacking); any other batch is read item by item."""
+        positions = [self._position(i) for i in indices]
         if self.rows and not self.broken:
             try:
-                items = self.store.get_rows([self._position(i) for i in indices])
+                items = self.store.get_rows(positions)
             except Exception:  # the store cannot be read: made as without it, from now on
                 self.broken, items = True, None
             if items is not None:
-                return [self.split.finish(item, i) for item, i in zip(items, indices)]
-        return [self[i] for i in indices]
+                return [self.split.finish(item, i) for item, i in zip(items, positions)]
+        return [self[i] for i in positions]
 
     def _position(self, i: Any) -> int:
         i = operator.index(i)

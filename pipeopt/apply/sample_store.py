@@ -137,7 +137,7 @@ class SampleStore:
 
     def get_rows(self, positions: Sequence[int]) -> list[Any] | None:
         """The items stored at ``positions``, each tensor in them read straight from the store into its row of one
-        new tensor per field of the batch (``_Rows``), which ``_dataloader.collate_rows`` hands on whole instead of
+        new tensor per field of the batch (``_Row``), which ``_dataloader.collate_rows`` hands on whole instead of
         stacking: one copy of each sample's bytes in all, none of them through buffers of their own. None when one
         of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
         dtype or shape differs between them): the caller reads them one by one."""
@@ -157,20 +157,21 @@ class SampleStore:
                 head = os.pread(data_fd, at + payload_length, offset)
             sizes = struct.unpack_from(f"<{count}Q", head, _FRAME.size)
             records.append((offset, head[at:at + payload_length], sizes, _buffer_starts(at + payload_length, sizes)))
-        fields = _Fields.of(records[0][1], len(records[0][2]))
-        if fields is None:
+        kinds = _fields(records[0][1], len(records[0][2]))
+        if kinds is None:
             return None
-        rows = [_Rows(_dataloader.batch_tensor(len(records), dtype, shape)) for dtype, shape in fields.kinds]
+        batch = [_dataloader.batch_tensor(len(records), dtype, shape) for dtype, shape in kinds]
         items = []
         for row, (offset, payload, sizes, starts) in enumerate(records):
             if sizes != records[0][2]:
                 return None
-            for field, start, size in zip(rows, starts, sizes):
-                if size and os.preadv(data_fd, [field.bytes_of(row)], offset + start) != size:
+            fields = [_Row(tensor, row) for tensor in batch]
+            for field, start, size in zip(fields, starts, sizes):
+                if size and os.preadv(data_fd, [field.bytes()], offset + start) != size:
                     return None
             try:
-                items.append(pickle.loads(payload, buffers=[field.at(row) for field in rows]))
-            except Exception:  # not alike the first (``_NotAlike``; a NumPy array's buffer, say): one by one
+                items.append(pickle.loads(payload, buffers=fields))
+            except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
                 return None
         return items
 
@@ -284,65 +285,43 @@ def _tensor(dtype: str, shape: tuple[int, ...], raw: Any, cls: type = torch.Tens
     return _subclass(flat.reshape(shape), cls, attrs)
 
 
-class _NotAlike(Exception):
-    """An item's field does not fit the row made for it from the first item of the batch."""
-
-
-class _Rows:
-    """One field of a batch read straight from the store: a tensor of one row per item, whose bytes are read into
-    it before the items are unpickled; ``at(row)`` is what that item's pickle receives as its buffer."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    def bytes_of(self, row: int) -> memoryview:
-        return memoryview(self.tensor[row].reshape(-1).view(torch.uint8).numpy().data)
-
-    def at(self, row: int) -> _Row:
-        return _Row(self.tensor, row)
-
-
 class _Row:
-    """``_tensor``'s buffer when a batch is read straight: it makes row ``row`` of ``tensor`` (a view of it)."""
+    """``_tensor``'s buffer when a batch is read straight: it makes row ``row`` of ``tensor`` (a view of it), whose
+    bytes were read into it already."""
 
     def __init__(self, tensor: torch.Tensor, row: int) -> None:
         self.tensor, self.row = tensor, row
 
+    def bytes(self) -> memoryview:
+        return memoryview(self.tensor[self.row].reshape(-1).view(torch.uint8).numpy().data)
+
     def take(self, dtype: str, shape: tuple[int, ...], cls: type) -> torch.Tensor:
         if cls is not torch.Tensor or self.tensor.dtype != getattr(torch, dtype) or self.tensor.shape[1:] != shape:
-            raise _NotAlike(f"{cls.__name__} {dtype} {shape}")
+            raise ValueError(f"a {cls.__name__} {dtype} {shape} does not fit the batch's row")
         return self.tensor[self.row]
 
 
 class _Probe:
-    """``_tensor``'s buffer when reading an item's fields: it notes the tensor's dtype and shape and its class."""
+    """``_tensor``'s buffer when reading an item's fields: it notes the tensor's dtype and shape, if a plain one."""
 
     def __init__(self) -> None:
         self.kind: tuple[torch.dtype, tuple[int, ...]] | None = None
-        self.plain = False
 
     def take(self, dtype: str, shape: tuple[int, ...], cls: type) -> torch.Tensor:
-        self.kind, self.plain = (getattr(torch, dtype), tuple(shape)), cls is torch.Tensor
+        self.kind = (getattr(torch, dtype), tuple(shape)) if cls is torch.Tensor else None
         return torch.empty(0)
 
 
-class _Fields:
-    """The tensors an item's record holds out of band, in order: each one's dtype and shape."""
-
-    def __init__(self, kinds: list[tuple[torch.dtype, tuple[int, ...]]]) -> None:
-        self.kinds = kinds
-
-    @classmethod
-    def of(cls, payload: bytes, count: int) -> _Fields | None:
-        """The fields of the item ``payload`` pickles, or None unless every out-of-band buffer is a plain tensor."""
-        probes = [_Probe() for _ in range(count)]
-        try:
-            pickle.loads(payload, buffers=probes)
-        except Exception:  # a buffer of something else (a NumPy array's, say): read item by item
-            return None
-        if not all(p.kind is not None and p.plain for p in probes):
-            return None
-        return cls([p.kind for p in probes if p.kind is not None])
+def _fields(payload: bytes, count: int) -> list[tuple[torch.dtype, tuple[int, ...]]] | None:
+    """The dtype and shape of each tensor the item ``payload`` pickles holds out of band, in order; None unless every
+    out-of-band buffer is a plain tensor's."""
+    probes = [_Probe() for _ in range(count)]
+    try:
+        pickle.loads(payload, buffers=probes)
+    except Exception:  # a buffer of something else (a NumPy array's, say): read item by item
+        return None
+    kinds = [p.kind for p in probes if p.kind is not None]
+    return kinds if len(kinds) == count else None
 
 
 def _subclass(tensor: torch.Tensor, cls: type, attrs: dict[str, Any] | None) -> torch.Tensor:
