@@ -17,10 +17,11 @@ For each scenario, in one invocation and in rounds whose order rotates (every re
 - **pipeopt**: the naive loader (``num_workers=0``) under ``PipeOpt(tune=...)`` with the ``"cache"`` group.
 Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
 epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
-Memory: the peak sum of RSS over the whole process tree (main process and loader workers), sampled every 0.5 s,
-and the store's bytes beside its budget (the store lives in the page cache: it is read with ``pread``, never mapped,
-so it is in no process's RSS). Writes ``benchmarks/results/sample_cache.json`` (merged per scenario, so the two
-venvs' runs sit side by side), a copy in ``results/history/`` and the tables in ``results/README.md``.
+Memory: the peak of the whole process tree's memory (main process and loader workers), sampled every 0.5 s: the
+sum of their RSS less the shared memory they map, plus the shared memory in use (``PeakRss``: the store, which every
+reader maps, counted once) - and the store's bytes beside its budget. Writes ``benchmarks/results/sample_cache.json``
+(merged per scenario, so the two venvs' runs sit side by side), a copy in ``results/history/`` and the tables in
+``results/README.md``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import io
 import json
 import logging
+import os
 import sys
 import tempfile
 import threading
@@ -148,12 +150,15 @@ class BatchClock(pl.Callback):
 
 
 class PeakRss:
-    """The largest sum of RSS over this process and all its descendants, sampled every ``every_s`` in a thread (from
-    /proc/<pid>/statm: cheap enough not to slow a run of 64 workers; pages a fork shares are counted once per
-    process, so the sum over-states the tree's memory)."""
+    """The largest memory of this process and all its descendants, sampled every ``every_s`` in a thread: the sum of
+    their RSS without the shared memory they map, plus what the RAM-backed ``/dev/shm`` holds beyond what it held at
+    the start - shared memory (the sample store, which every reader maps; the batches workers hand over) counted once,
+    not once per process that maps it. Pages a fork shares are still counted once per process, so the sum
+    over-states the tree's own memory."""
 
     def __init__(self, every_s: float = 0.5) -> None:
         self.peak, self._every, self._stop = 0, every_s, threading.Event()
+        self._shm_at_start = _shm_used()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> PeakRss:
@@ -167,14 +172,29 @@ class PeakRss:
     def _run(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
-            total = 0
+            total = max(0, _shm_used() - self._shm_at_start)
             for p in [me, *me.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except (psutil.Error, OSError):
-                    pass
+                total += _own_rss(p.pid)
             self.peak = max(self.peak, total)
             self._stop.wait(self._every)
+
+
+def _own_rss(pid: int) -> int:
+    """A process's resident bytes less the shared memory it maps (``RssShmem``; Linux's ``/proc/<pid>/status``)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if line.startswith(("VmRSS", "RssShmem")))
+    except OSError:  # the process ended meanwhile
+        return 0
+    return 1024 * (int(fields.get("VmRSS", "0 kB").split()[0]) - int(fields.get("RssShmem", "0 kB").split()[0]))
+
+
+def _shm_used() -> int:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 def epoch_rates(ends: list[float], steps: int, batch_size: int, start: float) -> list[float]:

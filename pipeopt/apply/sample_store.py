@@ -1,14 +1,16 @@
-"""One store of samples, shared by the main process and every loader worker: a memory-mapped index beside a data
-file, sized by a budget.
+"""One store of samples, shared by the main process and every loader worker: an index beside a data file, both
+mapped into memory, sized by a budget.
 
 Layout (``directory/``): ``index`` holds a header of counters and, for each dataset position, the offset and length
 of its bytes in ``data`` (a length of 0: not stored); ``data`` is written once per position, never rewritten.
 Writers reserve their bytes under an ``flock`` on ``lock`` (the header's counters change only there), write them
 with ``pwrite`` and publish the position's length last, so a reader sees a position either absent or whole.
-Readers take no lock. Every process opens the files itself (on first use after a fork or a spawn): no file
-description - and so no lock - is shared between processes. The process that made (or opened) the store holds a
-shared ``flock`` on ``alive`` until it closes it: a store nobody holds is left over from a process that died
-(``sweep``).
+Readers take no lock and make no system call: they copy from the mapped data file (from the page cache; a ``pread``
+of a 150 KB sample from shared memory costs ~2x the copy). The files are never truncated while in use: a new store
+replaces them (a process still mapping the old ones reads those). Every process opens the files itself (on first
+use after a fork or a spawn): no file description - and so no lock - is shared between processes. The process that
+made (or opened) the store holds a shared ``flock`` on ``alive`` until it closes it: a store nobody holds is left
+over from a process that died (``sweep``).
 
 Why not LMDB: an LMDB environment must not be used after ``fork()`` in the child it was inherited by, and a
 DataLoader forks its workers from a main process that itself reads the store (``num_workers=0``) - closing the
@@ -63,6 +65,35 @@ class StoreStats:
         return self.unstored > 0
 
 
+class _Files:
+    """One process's view of a store: the index and the data file mapped into memory (the index as int64s, the data
+    as bytes: a read is a copy from the page cache, no system call), the data file's and the lock file's
+    descriptors (for writes)."""
+
+    def __init__(self, index_file: Any, index_map: mmap.mmap, data_fd: int, data_map: mmap.mmap,
+                 lock_fd: int) -> None:
+        self._index_file, self._index_map, self._data_map = index_file, index_map, data_map
+        self.data_fd, self.lock_fd = data_fd, lock_fd
+        self.index = memoryview(index_map).cast("q")
+        self.data = memoryview(data_map)
+
+    @classmethod
+    def open(cls, directory: Path) -> _Files:
+        index_file = open(directory / "index", "r+b")  # held for the process's lifetime
+        data_fd = os.open(directory / "data", os.O_RDWR)
+        return cls(index_file, mmap.mmap(index_file.fileno(), 0), data_fd,
+                   mmap.mmap(data_fd, 0, prot=mmap.PROT_READ), os.open(directory / "lock", os.O_RDWR))
+
+    def close(self) -> None:
+        self.index.release()
+        self.data.release()
+        self._index_map.close()
+        self._data_map.close()
+        self._index_file.close()
+        os.close(self.data_fd)
+        os.close(self.lock_fd)
+
+
 class SampleStore:
     """Bytes per dataset position, in ``directory``; at most ``budget_bytes`` of them (the budget of whoever created
     the store). ``slot``: which of the processes sharing it (a node's ranks) counts its misses. Picklable: a worker
@@ -80,21 +111,26 @@ class SampleStore:
         try:
             with _locked(lock_fd):  # the node's ranks open it at once: one of them creates it
                 if not index.exists() or index.stat().st_size != size or self._magic(index) != _MAGIC:
-                    with open(self.directory / "data", "wb") as f:  # a new (or foreign) store: empty
+                    # a new (or foreign) store: empty files, put in place of any old ones - never truncated while
+                    # another process maps them (reading a mapped page cut off a file is a SIGBUS, a crash)
+                    fresh_data, fresh_index = self.directory / ".data.new", self.directory / ".index.new"
+                    with open(fresh_data, "wb") as f:
                         f.truncate(budget_bytes)
-                    with open(index, "wb") as f:
+                    with open(fresh_index, "w+b") as f:
                         f.truncate(size)
-                    with open(index, "r+b") as fresh, mmap.mmap(fresh.fileno(), size) as mm:
-                        header = memoryview(mm).cast("q")
-                        header[_LENGTH], header[_BUDGET], header[0] = self.length, budget_bytes, _MAGIC
-                        header.release()
+                        with mmap.mmap(f.fileno(), size) as mm:
+                            header = memoryview(mm).cast("q")
+                            header[_LENGTH], header[_BUDGET], header[0] = self.length, budget_bytes, _MAGIC
+                            header.release()
+                    os.replace(fresh_data, self.directory / "data")
+                    os.replace(fresh_index, index)
                 with open(index, "rb") as f:
                     header_bytes = f.read(8 * _HEADER)
         finally:
             os.close(lock_fd)
         self.budget_bytes = int.from_bytes(header_bytes[8 * _BUDGET:8 * _BUDGET + 8], "little", signed=True)
         self._pid: int | None = None
-        self._views: tuple[Any, ...] = ()
+        self._files: _Files | None = None
         alive = os.open(self.directory / "alive", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(alive, fcntl.LOCK_SH)  # held (until this process closes it), the store is in use
         self._alive: tuple[int, int] | None = (os.getpid(), alive)
@@ -109,80 +145,70 @@ class SampleStore:
                 "slot": self.slot}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _pid=None, _views=(), _alive=None)
+        self.__dict__.update(state, _pid=None, _files=None, _alive=None)
 
-    def _open(self) -> tuple[memoryview, int, int]:
-        """This process's views: the index as int64s, the data file's and the lock file's descriptors."""
+    def _open(self) -> _Files:
+        """This process's view of the store's files (opened on first use in each process)."""
         if self._pid != os.getpid():
-            self._views = ()  # inherited across a fork: never used, never closed here (the parent owns them)
-            index_f = open(self.directory / "index", "r+b")  # held for the process's lifetime
-            mm = mmap.mmap(index_f.fileno(), 0)
-            data_fd = os.open(self.directory / "data", os.O_RDWR)
-            lock_fd = os.open(self.directory / "lock", os.O_RDWR)
-            self._views, self._pid = (memoryview(mm).cast("q"), data_fd, lock_fd, mm, index_f), os.getpid()
-        return self._views[0], self._views[1], self._views[2]
+            self._files = None  # inherited across a fork: never used, never closed here (the parent owns them)
+            self._files, self._pid = _Files.open(self.directory), os.getpid()
+        assert self._files is not None
+        return self._files
 
     def get(self, position: int) -> bytearray | None:
-        """The bytes stored for ``position`` - read into a buffer of their own, which ``decode`` lends to the tensors
-        it makes - or None."""
-        index, data_fd, _ = self._open()
+        """The bytes stored for ``position`` - copied into a buffer of their own, which ``decode`` lends to the
+        tensors it makes - or None."""
+        files = self._open()
         slot = _HEADER + 2 * position
-        length, offset = index[slot + 1], index[slot]
+        length, offset = files.index[slot + 1], files.index[slot]
         if not length:
             return None
-        buffer = bytearray(length)
-        if not hasattr(os, "preadv") or os.preadv(data_fd, [buffer], offset) != length:
-            buffer[:] = os.pread(data_fd, length, offset)
-        return buffer
+        return bytearray(files.data[offset:offset + length])
 
     def get_rows(self, positions: Sequence[int]) -> list[Any] | None:
-        """The items stored at ``positions``, each tensor in them read straight from the store into its row of one
+        """The items stored at ``positions``, each tensor in them copied straight from the store into its row of one
         new tensor per field of the batch (``_Row``), which ``_dataloader.collate_rows`` hands on whole instead of
         stacking: one copy of each sample's bytes in all, none of them through buffers of their own. None when one
         of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
         dtype or shape differs between them): the caller reads them one by one."""
         if not positions:
             return []
-        index, data_fd, _ = self._open()
+        files = self._open()
+        index, data = files.index, files.data
         records = []
         for position in positions:
             slot = _HEADER + 2 * position
             length, offset = index[slot + 1], index[slot]
             if not length:
                 return None
-            head = os.pread(data_fd, min(length, _HEAD), offset)
-            count, payload_length = _FRAME.unpack_from(head)
+            count, payload_length = _FRAME.unpack_from(data, offset)
             at = _FRAME.size + 8 * count
-            if at + payload_length > len(head):
-                head = os.pread(data_fd, at + payload_length, offset)
-            sizes = struct.unpack_from(f"<{count}Q", head, _FRAME.size)
-            records.append((offset, head[at:at + payload_length], sizes, _buffer_starts(at + payload_length, sizes)))
+            sizes = struct.unpack_from(f"<{count}Q", data, offset + _FRAME.size)
+            records.append((offset, bytes(data[offset + at:offset + at + payload_length]), sizes,
+                            _buffer_starts(at + payload_length, sizes)))
         kinds = _fields(records[0][1], len(records[0][2]))
         if kinds is None:
             return None
         batch = [_dataloader.batch_tensor(len(records), dtype, shape) for dtype, shape in kinds]
+        rows = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in batch]  # each field's bytes, row after row
         items = []
         for row, (offset, payload, sizes, starts) in enumerate(records):
             if sizes != records[0][2]:
                 return None
-            fields = [_Row(tensor, row) for tensor in batch]
-            for field, start, size in zip(fields, starts, sizes):
-                if size and os.preadv(data_fd, [field.bytes()], offset + start) != size:
-                    return None
+            for whole, start, size in zip(rows, starts, sizes):
+                whole[row * size:(row + 1) * size] = data[offset + start:offset + start + size]
             try:
-                items.append(pickle.loads(payload, buffers=fields))
+                items.append(pickle.loads(payload, buffers=[_Row(t, row) for t in batch]))
             except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
                 return None
         return items
 
     def has(self, position: int) -> bool:
-        index, _, _ = self._open()
-        return index[_HEADER + 2 * position + 1] > 0
+        return self._open().index[_HEADER + 2 * position + 1] > 0
 
     def missing(self) -> list[int]:
         """The positions not stored (yet, or ever: the budget may be spent)."""
-        index, _, _ = self._open()
-        lengths = np.frombuffer(index, dtype=np.int64)[_HEADER + 1::2]
+        lengths = np.frombuffer(self._open().index, dtype=np.int64)[_HEADER + 1::2]
         return [int(p) for p in np.flatnonzero(lengths == 0)]
 
     def put(self, position: int, value: bytes, started_ns: int) -> bool:
@@ -190,7 +216,8 @@ class SampleStore:
         no room for it (counted as not stored) or another process stored it meanwhile. The CPU time of this thread
         from ``started_ns`` (``time.thread_time_ns()`` before the sample was encoded) to its bytes being written is
         added to the fill cost."""
-        index, data_fd, lock_fd = self._open()
+        files = self._open()
+        index, lock_fd = files.index, files.lock_fd
         slot = _HEADER + 2 * position
         with _locked(lock_fd):
             index[_MADE + self.slot] += 1
@@ -201,7 +228,7 @@ class SampleStore:
                 index[_UNSTORED] += 1
                 return False
             index[_END] = offset + len(value)
-        os.pwrite(data_fd, value, offset)
+        os.pwrite(files.data_fd, value, offset)
         index[slot] = offset
         index[slot + 1] = len(value)  # published last: a reader sees the position absent or whole
         spent = time.thread_time_ns() - started_ns
@@ -212,29 +239,24 @@ class SampleStore:
 
     def note_unstored(self) -> None:
         """A miss this slot's process made and did not offer (it saw the budget spent): counted, not stored."""
-        index, _, lock_fd = self._open()
-        with _locked(lock_fd):
-            index[_MADE + self.slot] += 1
-            index[_UNSTORED] += 1
+        files = self._open()
+        with _locked(files.lock_fd):
+            files.index[_MADE + self.slot] += 1
+            files.index[_UNSTORED] += 1
 
     def stats(self) -> StoreStats:
-        index, _, _ = self._open()
+        index = self._open().index
         return StoreStats(stored=index[_STORED], length=self.length, bytes_used=index[_END],
                           budget_bytes=self.budget_bytes, fill_s=index[_FILL_NS] / 1e9, unstored=index[_UNSTORED],
                           made=index[_MADE + self.slot])
 
     def close(self) -> None:
-        if self._pid == os.getpid() and self._views:
-            view, data_fd, lock_fd, mm, index_f = self._views
-            view.release()
-            mm.close()
-            index_f.close()
-            os.close(data_fd)
-            os.close(lock_fd)
+        if self._pid == os.getpid() and self._files is not None:
+            self._files.close()
         if self._alive is not None and self._alive[0] == os.getpid():  # a forked copy leaves it to its owner
             os.close(self._alive[1])
             self._alive = None
-        self._views, self._pid = (), None
+        self._files, self._pid = None, None
 
     def remove(self) -> None:
         """Close and delete the store's files."""
@@ -292,9 +314,6 @@ class _Row:
     def __init__(self, tensor: torch.Tensor, row: int) -> None:
         self.tensor, self.row = tensor, row
 
-    def bytes(self) -> memoryview:
-        return memoryview(self.tensor[self.row].reshape(-1).view(torch.uint8).numpy().data)
-
     def take(self, dtype: str, shape: tuple[int, ...], cls: type) -> torch.Tensor:
         if cls is not torch.Tensor or self.tensor.dtype != getattr(torch, dtype) or self.tensor.shape[1:] != shape:
             raise ValueError(f"a {cls.__name__} {dtype} {shape} does not fit the batch's row")
@@ -351,8 +370,6 @@ class _Pickler(pickle.Pickler):
 #: the buffers - each at an offset that is a multiple of _ALIGN from the record's start.
 _FRAME = struct.Struct("<II")
 _ALIGN = 64
-#: Bytes read at first for a record's frame and pickle when a batch is read straight (the rest only if longer).
-_HEAD = 512
 
 
 def _buffer_starts(at: int, sizes: tuple[int, ...]) -> list[int]:

@@ -137,6 +137,30 @@ def test_a_store_whose_process_died_is_swept_and_one_in_use_or_just_made_stays(t
     assert sweep(root, older_than_s=0) == [root / "held"]
 
 
+def _read_before_and_after(store, made, reopened) -> None:  # a reader mapping the store's files
+    first = decode(store.get(3))
+    made.set()
+    reopened.wait(30)
+    assert torch.equal(decode(store.get(3))["x"], first["x"]) and store.get_rows([3, 4]) is not None
+
+
+def test_a_store_made_anew_where_one_is_read_leaves_its_readers_reading_the_old_one(tmp_path):
+    store = SampleStore(tmp_path / "s", 64, 1 << 20)
+    for i in range(8):
+        store.put(i, encode(Counted()[i]), 0)
+    made, reopened = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+    reader = multiprocessing.get_context("fork").Process(target=_read_before_and_after,
+                                                         args=(store, made, reopened))
+    reader.start()
+    assert made.wait(30)
+    anew = SampleStore(tmp_path / "s", 32, 1 << 20)  # another length: a new store in its place, files and all
+    reopened.set()
+    reader.join(30)
+    assert reader.exitcode == 0  # not killed by a SIGBUS (a mapped page cut off its file), nor failed
+    assert anew.stats().stored == 0 and anew.get(3) is None
+    store.remove()
+
+
 def test_deterministic_datasets_are_cached_whole_and_the_global_generators_are_left_as_they_were():
     state = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
     split = plan(Counted())
