@@ -3,7 +3,9 @@
 Every DataLoader pipeopt builds fills the store as a side effect of loading (``apply.sample_cache``). Once the other
 groups are done, this session makes sure the loader in place is one of those (the same settings), then waits - on
 every rank - until the store holds the samples an epoch needs (``warm``: what it still misses made ahead, too; the
-windows measured beside that work are not ``quiet`` and are not pooled). Then, on the live run:
+windows measured beside that work are not ``quiet`` and are not pooled) - asked at each window's end and at the
+first step end of each epoch, so that an epoch whose start finds the store complete reads it from there on instead
+of finishing a window of the slow settings first. Then, on the live run:
 
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.tuning.agreement import ReduceMax, agree
+from pipeopt.tuning.agreement import ANY, ReduceMax, agree, agreed
 from pipeopt.tuning.findings import Change, Outcome
 from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, INPUT_SOLVED_WAIT, LoaderSettings
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
@@ -60,6 +62,11 @@ class CacheTrial:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class _Cold:
+    cold: bool = agreed(ANY)  # a rank's store may not be read yet
+
+
 class CacheSession:
     """Fed windows (``on_window``) and step ends (``on_step_end``) once ``begin()`` was called."""
 
@@ -76,7 +83,7 @@ class CacheSession:
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._steps_left, self._to_warm = agree, floor, say, steps_left, to_warm
-        self.state, self.started = CachePhase.WAIT, False
+        self.state, self.started, self._epoch_began = CachePhase.WAIT, False, False
         self.baseline: LoaderSettings = switcher.current
         self._cached_base = self._applied = switcher.current  # (what a cached trial changes: under DALI the filler)
         self._pending: WindowStats | None = None
@@ -127,8 +134,11 @@ class CacheSession:
 
     def epoch_started(self) -> None:
         """At an epoch's start (and the wait's): ``warm`` is asked now, not at the next window's end, so that what it
-        waits for (``apply.backfill``) starts at once."""
+        waits for (``apply.backfill``) starts at once; asked again at the epoch's first step end, where the trials
+        begin if every rank's store may be read then - not at the end of the window running across the epoch's
+        start, whose steps would still load the slow way."""
         if self.started and self.state is CachePhase.WAIT:
+            self._epoch_began = True
             self.warm()
 
     def on_window(self, stats: WindowStats) -> None:
@@ -137,6 +147,11 @@ class CacheSession:
 
     def on_step_end(self) -> None:
         self._failure = self._switcher.take_failure() or self._failure
+        began, self._epoch_began = self._epoch_began, False
+        if began and self._pending is None and self.state is CachePhase.WAIT:
+            if not agree(_Cold(not self.warm()), self._agree).cold and self._room():
+                self._ready()
+            return
         if self._pending is None or self.state is CachePhase.DONE:
             return
         stats, self._pending = self._pending, None
@@ -150,14 +165,7 @@ class CacheSession:
             if measured is not None and self._applied == self.baseline and quiet:
                 self._filling.append((measured, figures.step_time_s * stats.steps, figures.data_wait_frac))
             if not figures.store_cold and self._room():
-                self.state = CachePhase.BEFORE
-                pooled = pool_recent(self._filling, self._windows.min_window_s)
-                if self._applied != self.baseline and pooled is None:  # filled by a DataLoader: DALI measured again
-                    self._apply(self.baseline, "cache: before")
-                elif pooled is None:  # too little of the settings in place measured yet
-                    self._windows.measure("cache: before", 0, self._applied)
-                else:
-                    self._on_before(*pooled)
+                self._ready()
         elif self.state is CachePhase.BEFORE:
             self._on_before(measured, figures.data_wait_frac)
         elif self.state is CachePhase.TRIAL:
@@ -167,6 +175,17 @@ class CacheSession:
             self._on_after(measured)
 
     # -- the phases -------------------------------------------------------------------------------------------
+    def _ready(self) -> None:
+        """The store may be read on every rank: the window before, from the windows waited (else one of its own)."""
+        self.state = CachePhase.BEFORE
+        pooled = pool_recent(self._filling, self._windows.min_window_s)
+        if self._applied != self.baseline and pooled is None:  # filled by a DataLoader: DALI measured again
+            self._apply(self.baseline, "cache: before")
+        elif pooled is None:  # too little of the settings in place measured yet
+            self._windows.measure("cache: before", 0, self._applied)
+        else:
+            self._on_before(*pooled)
+
     def _room(self, to_warm: int = 0) -> bool:
         """Steps for a cached trial and an after-window (and DALI's window before) after ``to_warm``; else done."""
         left = self._steps_left()

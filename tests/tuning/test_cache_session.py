@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from pipeopt.tuning.cache_session import CacheSession, pool_recent
 from pipeopt.tuning.loader_search import LoaderSettings
 from pipeopt.tuning.noise import Rate
@@ -335,6 +337,36 @@ def test_windows_that_ran_beside_the_backfill_are_not_pooled_into_the_window_bef
     assert rate is not None and rate.value == 400.0  # the two quiet windows, not the two beside the backfill
     rate, labels = before([True, False, False], [400.0, 100.0, 100.0], 2.0)
     assert rate is None and labels[-1] == "cache: before"  # one quiet second spans too little: a window of its own
+
+
+@pytest.mark.parametrize("other_rank_cold", [False, True])
+def test_an_epoch_whose_start_finds_the_store_warm_tries_the_cache_at_its_first_step(other_rank_cold):
+    """The store filled in the epoch before: the trials begin at the new epoch's first step end, with the windows
+    waited as the window before - not at the end of the window running across the epoch's start, whose steps would
+    load the slow way. Only when every rank's store may be read (one collective, on every rank at that step)."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    state = {"epoch": 0}
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=2.0),
+                           warm=lambda: state["epoch"] > 0, fills=lambda: True,
+                           agree=lambda values: [1.0] * len(values) if other_rank_cold else values)
+    session.begin(0.6)
+    for _ in range(3):  # 1 s windows filling the store, in epoch 0
+        window_ends(session, labels, 400.0, 0.6)
+    session.on_step_end()  # a step end within a window: nothing happens
+    assert switcher.switches == [] and session.state == "wait"
+    state["epoch"] = 1
+    session.epoch_started()
+    session.on_step_end()  # the new epoch's first step: no window ended
+    if other_rank_cold:
+        assert switcher.switches == [] and session.state == "wait"
+        return
+    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True)]
+    assert labels[-1].startswith("cache trial") and session.before is not None and session.before.value == 400.0
+    session.on_step_end()  # the next step end is not an epoch's first: nothing more
+    assert len(switcher.switches) == 1
 
 
 def test_waiting_asks_warm_at_once_and_at_each_epoch_start_not_only_at_window_ends():
