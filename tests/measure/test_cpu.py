@@ -1,7 +1,13 @@
 import multiprocessing as mp
+import os
+import sys
+import threading
 import time
 
-from pipeopt.measure.cpu import CpuMeter
+import psutil
+import pytest
+
+from pipeopt.measure.cpu import CpuMeter, descendants
 
 
 def _spin(seconds):
@@ -60,3 +66,38 @@ def test_worker_memory_is_the_childrens_unique_memory():
     finally:
         done.set()
         child.join()
+
+
+def _fork_a_grandchild(done):
+    grandchild = mp.get_context("fork").Process(target=done.wait, args=(10,))
+    grandchild.start()
+    done.wait(10)
+    grandchild.join()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the /proc children files are Linux's")
+def test_descendants_are_found_without_reading_every_process(monkeypatch):
+    """Children forked by any thread, and theirs, are found from the process's own /proc entries - not by psutil's
+    scan of every process (a millisecond or more, twice a window, on a machine running many)."""
+    ctx = mp.get_context("fork")
+    done = ctx.Event()
+    started = []
+    child = ctx.Process(target=_fork_a_grandchild, args=(done,))
+    thread = threading.Thread(target=lambda: started.append(ctx.Process(target=done.wait, args=(10,))))
+    thread.start()
+    thread.join()
+    child.start()
+    started[0].start()
+    try:
+        deadline = time.monotonic() + 10
+        expected = {p.pid for p in psutil.Process().children(recursive=True)}
+        while len(expected) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            expected = {p.pid for p in psutil.Process().children(recursive=True)}
+        monkeypatch.setattr(psutil.Process, "children", lambda *a, **k: pytest.fail("scanned every process"))
+        assert len(expected) == 3 and {p.pid for p in descendants(psutil.Process(os.getpid()))} == expected
+        assert CpuMeter().snapshot().workers == 3
+    finally:
+        done.set()
+        child.join()
+        started[0].join()
