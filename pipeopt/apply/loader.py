@@ -16,6 +16,7 @@ the user's own loader would have made creating its iterator.
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -30,6 +31,30 @@ from pipeopt.apply.sample_cache import CachedDataset, SampleCache
 from pipeopt.tuning.loader_search import LoaderSettings
 
 _INIT_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
+#: How far below the training process's CPU priority the workers of a loader that gives way run (``os.nice``).
+WORKER_NICENESS = 10
+
+
+class GiveWay:
+    """The ``worker_init_fn`` of a loader whose workers give way to the training process (settings with
+    ``give_way``, a candidate pipeopt measures): each worker lowers its own CPU priority
+    (``os.nice(WORKER_NICENESS)``), then runs ``worker_init_fn`` (the user's) when given.
+
+    Where the CPUs are oversubscribed, the training step's intra-op threads then run as soon as they can instead of
+    waiting out the workers' time slices - a parallel region is only as fast as its last preempted thread - and the
+    workers take the CPU time the step leaves idle. What the workers make, and the random numbers they draw, are
+    unchanged."""
+
+    def __init__(self, worker_init_fn: Callable[[int], None] | None = None) -> None:
+        self.worker_init_fn = worker_init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        try:
+            os.nice(WORKER_NICENESS)
+        except (AttributeError, OSError):  # no os.nice on this platform: the worker runs at the usual priority
+            pass
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker_id)
 
 
 def unsupported(loader: Any) -> str | None:
@@ -93,6 +118,7 @@ def build_loader(
         generator=generator,
         prefetch_factor=settings.prefetch_factor,
         persistent_workers=settings.persistent_workers,
+        **({"worker_init_fn": GiveWay(user.worker_init_fn)} if settings.give_way and settings.num_workers else {}),
         **({"dataset": dataset} if dataset is not None else {}),
         **({"collate_fn": _dataloader.collate_rows} if getattr(dataset, "rows", False) else {}),
         **drawn,

@@ -149,11 +149,12 @@ class SampleStore:
 
     def _open(self) -> _Files:
         """This process's view of the store's files (opened on first use in each process)."""
-        if self._pid != os.getpid():
-            self._files = None  # inherited across a fork: never used, never closed here (the parent owns them)
-            self._files, self._pid = _Files.open(self.directory), os.getpid()
-        assert self._files is not None
-        return self._files
+        files = self._files
+        if files is None or self._pid != os.getpid():  # inherited across a fork: never used, never closed here
+            self._files = None  # (the parent owns them)
+            self._files = files = _Files.open(self.directory)
+            self._pid = os.getpid()
+        return files
 
     def get(self, position: int) -> bytearray | None:
         """The bytes stored for ``position`` - copied into a buffer of their own, which ``decode`` lends to the

@@ -200,8 +200,10 @@ def settings_text(settings: dict[str, object]) -> str:
         parts.append("pinned")
     if settings.get("cache"):
         parts.append("sample cache")
+    if workers and settings.get("give_way"):
+        parts.append("giving way")
     parts += [f"{k}={v}" for k, v in settings.items()
-              if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "cache")
+              if k not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "cache", "give_way")
               and v is not None]
     return ", ".join(parts)
 

@@ -20,10 +20,12 @@ of finishing a window of the slow settings first. Then, on the live run:
    slower beyond noise, trials halving the workers while each keeps pace with the best cached trial (at most
    three). Where the store holds whole items (``alone_first``: nothing left to do per sample but read it), the
    main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
-   run does (workers could only share a wait that is no longer there);
-4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers)
-   no other cached trial beats beyond noise, confirmed by an after-window against ``before`` (once more when too
-   close to call); otherwise the settings in place stay.
+   run does (workers could only share a wait that is no longer there). Last, the fastest cached trial with workers
+   once more, its workers giving way to the training process (below its CPU priority: ``apply.loader.GiveWay``) -
+   where the CPUs are oversubscribed, the step's intra-op threads otherwise wait out the workers' time slices;
+4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers,
+   then workers not giving way) no other cached trial beats beyond noise, confirmed by an after-window against
+   ``before`` (once more when too close to call); otherwise the settings in place stay.
 """
 
 from __future__ import annotations
@@ -133,10 +135,9 @@ class CacheSession:
         self.epoch_started()
 
     def epoch_started(self) -> None:
-        """At an epoch's start (and the wait's): ``warm`` is asked now, not at the next window's end, so that what it
-        waits for (``apply.backfill``) starts at once; asked again at the epoch's first step end, where the trials
-        begin if every rank's store may be read then - not at the end of the window running across the epoch's
-        start, whose steps would still load the slow way."""
+        """At an epoch's start (and the wait's): ``warm`` is asked now, so that what it waits for
+        (``apply.backfill``) starts at once - and at the epoch's first step end, where the trials begin (``_ready``)
+        if every rank's store may be read then, not after the window running across the epoch's start."""
         if self.started and self.state is CachePhase.WAIT:
             self._epoch_began = True
             self.warm()
@@ -203,8 +204,9 @@ class CacheSession:
             self._finish(_compute_bound(data_wait_frac))
             return
         self.before = rate
-        first = self._cached(0) if self._alone_first and self._cached_base.num_workers > 0 else None
-        self._try(first or dataclasses.replace(self._cached_base, cache=True))
+        alone = self._alone_first and self._cached_base.num_workers > 0
+        self._try((self._fits(cached_with(self._cached_base, 0)) if alone else None)
+                  or cached_with(self._cached_base, self._cached_base.num_workers))
 
     def _on_trial(self, rate: Rate | None, wait: float | None, error: BaseException | None) -> None:
         settings = self._applied
@@ -212,25 +214,17 @@ class CacheSession:
         self.trials.append(CacheTrial(settings, rate, wait, failed))
         self._say(f"cache trial: {settings.describe()} -> "
                   + (f"{rate.value:,.1f} samples/s" if rate else f"failed ({failed})"))
-        following = self._following()
+        following = next_trial(self.trials, self.before, self._cached_base, self._floor)
+        following = following and self._fits(following)
         if following is None:
             self._choose()
         else:
             self._try(following)
 
-    def _following(self) -> LoaderSettings | None:
-        workers = following(self.trials, self.before, self._cached_base.num_workers, self._floor)
-        return None if workers is None else self._cached(workers)
-
-    def _cached(self, workers: int) -> LoaderSettings | None:
-        """The cached settings with ``workers`` - None when the fit has no room for their trial and after-window."""
-        base = self._cached_base
-        if workers != base.num_workers:
-            base = base.with_workers(workers, persistent=base.persistent_workers)
-        settings = dataclasses.replace(base, cache=True)
+    def _fits(self, settings: LoaderSettings) -> LoaderSettings | None:
+        """``settings``; None when the fit has no room for their trial and after-window."""
         left, tried = self._steps_left(), [t.settings for t in self.trials if t.rate is not None]  # may be chosen
-        room = left is None or left >= self._windows.trial_steps(self._applied, settings, tried)
-        return settings if room else None
+        return settings if left is None or left >= self._windows.trial_steps(self._applied, settings, tried) else None
 
     def _choose(self) -> None:
         before = self.before
@@ -256,19 +250,16 @@ class CacheSession:
         self._after.append(rate)
         after = self._after[0] if len(self._after) == 1 else combine(*self._after[:2])
         if faster(after, before, self._floor):
-            self._keep(chosen, after, before)
+            self.outcome.changes = kept_changes(chosen, self.baseline, after, before)
+            self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
+            self._say(f"kept {chosen.settings.describe()}")
+            self.state = CachePhase.DONE
         elif len(self._after) < 2:
             self._windows.measure("cache: after", 0, self._applied)
         else:
             self.after = None
             self._finish(f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not "
                          "faster beyond noise")
-
-    def _keep(self, chosen: CacheTrial, after: Rate, before: Rate) -> None:
-        self.outcome.changes = kept_changes(chosen, self.baseline, after, before)
-        self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
-        self._say(f"kept {chosen.settings.describe()}")
-        self.state = CachePhase.DONE
 
     def _finish(self, why: str) -> None:
         """Not kept: the settings in place before the cache session, again."""
@@ -357,6 +348,10 @@ def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, befo
     if chosen.settings.num_workers != baseline.num_workers:
         changes.append(Change("num_workers", baseline.num_workers, chosen.settings.num_workers,
                               "the cheapest worker count no other cached trial beat beyond noise"))
+    if chosen.settings.give_way:
+        changes.append(Change("give_way", False, True, "the workers ran faster below the training process's CPU "
+                              "priority (os.nice) than at it: the step's threads no longer wait out their time "
+                              "slices"))
     return changes
 
 
@@ -406,12 +401,35 @@ def following(trials: list[CacheTrial], before: Rate | None, in_place: int, floo
     return fewer if fewer > 0 and len(trials) < 2 + MAX_FEWER else None
 
 
+def cached_with(base: LoaderSettings, workers: int) -> LoaderSettings:
+    """``base`` with ``workers``, reading from the store."""
+    if workers != base.num_workers:
+        base = base.with_workers(workers, persistent=base.persistent_workers)
+    return dataclasses.replace(base, cache=True)
+
+
+def next_trial(trials: list[CacheTrial], before: Rate | None, base: LoaderSettings,
+               floor: float) -> LoaderSettings | None:
+    """The cached trial after ``trials``: ``following``'s worker count; then, last, the fastest cached trial with
+    workers once more, its workers giving way to the training process; None when done."""
+    if any(t.settings.give_way for t in trials):
+        return None
+    workers = following(trials, before, base.num_workers, floor)
+    if workers is not None:
+        return cached_with(base, workers)
+    with_workers = [t for t in trials if t.rate is not None and t.settings.num_workers > 0]
+    if not with_workers:
+        return None
+    fastest = max(with_workers, key=lambda t: t.rate.value if t.rate else 0.0)
+    return dataclasses.replace(fastest.settings, give_way=True)
+
+
 def cheapest_unbeaten(options: list[CacheTrial], floor: float) -> CacheTrial:
-    """The fewest workers (then no cache) among the measured options no other beats beyond noise; the first option
-    (the settings in place) when none is measured."""
+    """The fewest workers (then no cache, then workers not giving way) among the measured options no other beats
+    beyond noise; the first option (the settings in place) when none is measured."""
     unbeaten = [t for t in options if t.rate is not None
                 and not any(u.rate is not None and faster(u.rate, t.rate, floor) for u in options)]
-    return min(unbeaten or options[:1], key=lambda t: (t.settings.num_workers, t.settings.cache))
+    return min(unbeaten or options[:1], key=lambda t: (t.settings.num_workers, t.settings.cache, t.settings.give_way))
 
 
 def best_speedup(trials: list[CacheTrial], before: Rate | None) -> float | None:

@@ -65,6 +65,7 @@ class LoaderSettings:
     pin_memory: bool
     dali: str | None = None  # DALI decodes instead of a DataLoader: on "cpu" or "mixed" (GPU); the rest unused
     cache: bool = False  # the workers read the deterministic part of each sample from pipeopt's sample store
+    give_way: bool = False  # the workers run below the training process's CPU priority (``apply.loader.GiveWay``)
 
     @classmethod
     def of(cls, loader: Any) -> LoaderSettings:
@@ -82,6 +83,7 @@ class LoaderSettings:
             num_workers=n,
             prefetch_factor=(self.prefetch_factor or 2) if n > 0 else None,
             persistent_workers=persistent and n > 0,
+            give_way=self.give_way and n > 0,
         )
 
     def as_kwargs(self) -> dict[str, Any]:
@@ -105,6 +107,8 @@ class LoaderSettings:
         parts.append(f"pin_memory={self.pin_memory}")
         if self.cache:
             parts.append("sample cache")
+        if self.give_way and self.num_workers > 0:
+            parts.append("workers giving way")
         return ", ".join(parts)
 
 

@@ -1,6 +1,7 @@
 """Handing a running epoch from one DataLoader to another: same samples, same order, each once."""
 
 import itertools
+import os
 import time
 
 import psutil
@@ -11,7 +12,7 @@ from torch.utils.data import DataLoader
 from pipeopt import _dataloader
 from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, peek_seed
-from pipeopt.apply.loader import start_loader, unsupported
+from pipeopt.apply.loader import WORKER_NICENESS, GiveWay, build_loader, start_loader, unsupported
 from pipeopt.tuning.loader_search import LoaderSettings
 from tests.apply.datasets import CrashesWithManyWorkers, Indexed
 from tests.batches import KINDS, ShapedCollate, ids_of
@@ -209,3 +210,39 @@ def test_live_ready_batches_names_the_running_epoch():
     epochs = [r[0] for r in readings]
     assert all(e is epochs[0] for e in epochs[:8]) and all(e is epochs[8] for e in epochs[8:])
     assert epochs[8] is not epochs[0]  # a new epoch is a new token, even with persistent workers
+
+
+class Priority(torch.utils.data.Dataset):
+    """Each item: the CPU priority (niceness) of the process that made it, and whether the user's init ran there."""
+
+    initialised = False
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return os.getpriority(os.PRIO_PROCESS, 0), Priority.initialised
+
+
+def _users_init(worker_id):
+    Priority.initialised = True
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="os.nice: POSIX only")
+def test_workers_that_give_way_run_below_the_training_process_after_the_users_init_is_kept():
+    """Settings with ``give_way``: the workers run below the training process's CPU priority, and the user's
+    worker_init_fn still runs in each; without it (and in the user's own loader) they run at its priority."""
+    here = os.getpriority(os.PRIO_PROCESS, 0)
+    user = DataLoader(Priority(), batch_size=2, num_workers=2, worker_init_fn=_users_init)
+    settings = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=False, pin_memory=False)
+    made = {}
+    for give_way in (True, False):
+        loader = build_loader(user, settings.__class__(**{**settings.as_kwargs(), "give_way": give_way}), first=None,
+                              before_epoch=None, generator=torch.Generator())
+        assert isinstance(loader.worker_init_fn, GiveWay) == give_way
+        made[give_way] = {tuple(map(int, row)) for batch in loader for row in zip(*batch)}
+    assert made == {True: {(min(here + WORKER_NICENESS, 19), 1)}, False: {(here, 1)}}
+    assert {tuple(map(int, row)) for batch in user for row in zip(*batch)} == {(here, 1)}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == here  # the training process keeps its own
+    assert "workers giving way" in LoaderSettings(2, 2, False, False, give_way=True).describe()
+    assert not LoaderSettings(2, 2, False, False, give_way=True).with_workers(0, persistent=False).give_way

@@ -67,6 +67,9 @@ def test_trial_settings_read_as_a_user_would_say_them():
     cached = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True, pin_memory=False, cache=True)
     assert settings_text(cached.as_kwargs()) == "2 workers, prefetch 2, persistent, sample cache"
     assert settings_text(user.as_kwargs()) == "main process"  # no "cache=False"
+    giving = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True, pin_memory=False, cache=True,
+                            give_way=True)
+    assert settings_text(giving.as_kwargs()) == "2 workers, prefetch 2, persistent, sample cache, giving way"
 
 
 def test_sample_cache_section():

@@ -132,8 +132,10 @@ def test_nothing_is_tried_while_any_rank_is_cold():
 def test_a_cache_that_is_not_faster_is_not_kept_and_the_settings_in_place_return():
     session, switcher = run(world_compute_light)
     assert session.state == "done" and session.kept is None
-    # the workers in place and the main process alone, both read from the store; neither faster: back
-    assert [(s.num_workers, s.cache) for s in switcher.switches] == [(8, True), (0, True), (8, False)]
+    # the workers in place and the main process alone, both read from the store, then the workers giving way;
+    # none faster: back
+    assert [(s.num_workers, s.cache, s.give_way) for s in switcher.switches] == [
+        (8, True, False), (0, True, False), (8, True, True), (8, False, False)]
     assert switcher.current == EIGHT
     assert any("not faster beyond noise" in n for n in session.outcome.notes)
 
@@ -387,3 +389,34 @@ def test_waiting_asks_warm_at_once_and_at_each_epoch_start_not_only_at_window_en
     session.state = "done"
     session.epoch_started()
     assert asked == ["warm", "warm"]
+
+
+def world_oversubscribed(settings: LoaderSettings) -> tuple[float, float]:
+    """CPUs oversubscribed: read from the store, workers at the usual priority hold up the step's threads (slower
+    than the settings in place); giving way, they beat them. The main process alone is slower still."""
+    if settings.cache:
+        if settings.num_workers == 0:
+            return 300.0, 0.5
+        return (600.0, 0.2) if settings.give_way else (380.0, 0.4)
+    return 400.0, 0.6
+
+
+def test_workers_that_give_way_are_tried_last_and_kept_only_when_they_beat_the_settings_in_place():
+    """The fastest cached trial with workers is tried once more with its workers giving way to the training
+    process; kept - with its after-window - when that beats the window before beyond noise, reported as a change;
+    not kept where it is no faster."""
+    session, switcher = run(world_oversubscribed)
+    tried = [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
+    assert tried[:2] == [(8, True, False), (0, True, False)] and tried[2] == (8, True, True)
+    assert tried.count((8, True, True)) == 1  # once, not per worker count
+    assert session.kept == dataclasses.replace(EIGHT, cache=True, give_way=True)
+    assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
+        "cache": (False, True), "give_way": (False, True)}
+    assert "workers giving way" in session.kept.describe()
+
+    def no_better(settings):
+        return world_oversubscribed(dataclasses.replace(settings, give_way=False))
+
+    session, switcher = run(no_better)
+    assert session.kept is None and switcher.current == EIGHT
+    assert (8, True, True) in [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
