@@ -150,9 +150,8 @@ class SampleStore:
     def _open(self) -> _Files:
         """This process's view of the store's files (opened on first use in each process)."""
         files = self._files
-        if files is None or self._pid != os.getpid():  # inherited across a fork: never used, never closed here
-            self._files = None  # (the parent owns them)
-            self._files = files = _Files.open(self.directory)
+        if files is None or self._pid != os.getpid():  # a view inherited across a fork: never used nor closed here
+            files = self._files = _Files.open(self.directory)
             self._pid = os.getpid()
         return files
 

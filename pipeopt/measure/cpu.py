@@ -17,6 +17,7 @@ def cpus_available() -> int:
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
 
+
 def descendants(process: psutil.Process) -> list[psutil.Process]:
     """The process's live descendants (its loader workers, and theirs). On Linux from ``/proc/<pid>/task/*/children``
     - a few small reads - where psutil's ``children()`` reads every process's entry in ``/proc`` (~1 ms per 70
