@@ -21,6 +21,7 @@ bytes are immutable once published.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import io
 import mmap
@@ -213,9 +214,10 @@ class SampleStore:
 
     def put(self, position: int, value: bytes, started_ns: int) -> bool:
         """Store ``value`` for ``position`` (made on a miss, counted in this store's slot); False when the budget has
-        no room for it (counted as not stored) or another process stored it meanwhile. The CPU time of this thread
-        from ``started_ns`` (``time.thread_time_ns()`` before the sample was encoded) to its bytes being written is
-        added to the fill cost."""
+        no room for it, or the file system under the store none before the budget is spent (counted as not stored:
+        nothing is published of a record written in part), or another process stored it meanwhile. The CPU time of
+        this thread from ``started_ns`` (``time.thread_time_ns()`` before the sample was encoded) to its bytes being
+        written is added to the fill cost."""
         files = self._open()
         index, lock_fd = files.index, files.lock_fd
         slot = _HEADER + 2 * position
@@ -228,7 +230,16 @@ class SampleStore:
                 index[_UNSTORED] += 1
                 return False
             index[_END] = offset + len(value)
-        os.pwrite(files.data_fd, value, offset)
+        try:
+            written = os.pwrite(files.data_fd, value, offset)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            written = 0
+        if written != len(value):  # the file system filled up before the budget: as if the budget were spent
+            with _locked(lock_fd):
+                index[_UNSTORED] += 1
+            return False
         index[slot] = offset
         index[slot + 1] = len(value)  # published last: a reader sees the position absent or whole
         spent = time.thread_time_ns() - started_ns

@@ -3,7 +3,9 @@ and only datasets shown deterministic are cached."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
+import os
 import random
 
 import numpy as np
@@ -108,6 +110,33 @@ def test_the_budget_bounds_the_store_and_the_rest_is_made_as_before(tmp_path):
     assert dataset.made - made == 54  # the ten stored items were read, the rest made again
     assert all(_equal(a, b) for a, b in zip(first, second))
     assert store.stats().unstored > 0
+
+
+@pytest.mark.parametrize("how", ["short-write", "ENOSPC"])
+def test_a_file_system_that_fills_before_the_budget_leaves_what_was_stored_read_and_the_rest_made(tmp_path, monkeypatch,
+                                                                                                  how):
+    dataset = Counted()
+    store = SampleStore(tmp_path / "s", 64, 1 << 20)
+    writes, pwrite = [], os.pwrite
+
+    def filling(fd, data, offset):  # the file system has room for ten records and part of the eleventh
+        writes.append(offset)
+        if len(writes) <= 10:
+            return pwrite(fd, data, offset)
+        if len(writes) == 11 and how == "short-write":
+            return pwrite(fd, bytes(data)[:len(data) // 2], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", filling)
+    cached = CachedDataset(plan(dataset), store, read=True)
+    first = [cached[i] for i in range(64)]
+    assert store.stats().stored == 10 and store.stats().full and cached.full
+    assert not cached.broken  # the store is still read: only storing stopped
+    assert len(writes) == 11  # this process stopped offering once it saw the store full
+    made = dataset.made
+    second = [cached[i] for i in range(64)]
+    assert dataset.made - made == 54 and not store.has(10)  # the record written in part was never published
+    assert all(_equal(a, b) for a, b in zip(first, second))
 
 
 def test_a_reopened_store_keeps_its_items_and_a_kept_cache_survives_close(tmp_path):
