@@ -5,8 +5,7 @@ judges whether it is input- or compute-bound and reports before/after figures.
 """
 
 from pipeopt._version import __version__
-from pipeopt.apply.loader import GiveWay
 from pipeopt.callbacks import PipeOpt
 from pipeopt.config import TUNE_GROUPS, PipeOptConfig
 
-__all__ = ["GiveWay", "PipeOpt", "PipeOptConfig", "TUNE_GROUPS", "__version__"]
+__all__ = ["PipeOpt", "PipeOptConfig", "TUNE_GROUPS", "__version__"]

@@ -44,7 +44,4 @@ def loader_suggestion(changes: Sequence[Change]) -> str | None:
         return None
     if changes[0].knob == "dali":
         return f"pipeopt.dali.loader_from(train_loader, device={changes[0].after!r})"
-    kwargs = [f"{c.knob}={c.after!r}" for c in changes if c.knob != "give_way"]
-    if any(c.knob == "give_way" and c.after for c in changes):  # (a worker_init_fn of yours: GiveWay(yours))
-        kwargs.append("worker_init_fn=pipeopt.GiveWay()")
-    return "DataLoader(..., " + ", ".join(kwargs) + ")"
+    return "DataLoader(..., " + ", ".join(f"{c.knob}={c.after!r}" for c in changes) + ")"

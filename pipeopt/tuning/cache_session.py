@@ -22,8 +22,7 @@ of finishing a window of the slow settings first. Then, on the live run:
    main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
    run does (workers could only share a wait that is no longer there). Last, the fastest cached trial with workers
    once more, its workers giving way to the training process (below its CPU priority: ``apply.loader.GiveWay``) -
-   where the CPUs are oversubscribed, the step's intra-op threads otherwise wait out the workers' time slices
-   (where the loader search kept workers giving way, every cached trial's workers gave way already: not run);
+   where the CPUs are oversubscribed, the step's intra-op threads otherwise wait out the workers' time slices;
 4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers,
    then workers not giving way) no other cached trial beats beyond noise, confirmed by an after-window against
    ``before`` (once more when too close to call); otherwise the settings in place stay.
@@ -349,7 +348,7 @@ def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, befo
     if chosen.settings.num_workers != baseline.num_workers:
         changes.append(Change("num_workers", baseline.num_workers, chosen.settings.num_workers,
                               "the cheapest worker count no other cached trial beat beyond noise"))
-    if chosen.settings.give_way and not baseline.give_way:
+    if chosen.settings.give_way:
         changes.append(Change("give_way", False, True, "the workers ran faster below the training process's CPU "
                               "priority (os.nice) than at it: the step's threads no longer wait out their time "
                               "slices"))
@@ -412,15 +411,14 @@ def cached_with(base: LoaderSettings, workers: int) -> LoaderSettings:
 def next_trial(trials: list[CacheTrial], before: Rate | None, base: LoaderSettings,
                floor: float) -> LoaderSettings | None:
     """The cached trial after ``trials``: ``following``'s worker count; then, last, the fastest cached trial with
-    workers once more, its workers giving way to the training process (unless those in place gave way already: the
-    loader search kept that, and every cached trial with workers gave way too); None when done."""
-    if not base.give_way and any(t.settings.give_way for t in trials):
+    workers once more, its workers giving way to the training process; None when done."""
+    if any(t.settings.give_way for t in trials):
         return None
     workers = following(trials, before, base.num_workers, floor)
     if workers is not None:
         return cached_with(base, workers)
     with_workers = [t for t in trials if t.rate is not None and t.settings.num_workers > 0]
-    if base.give_way or not with_workers:
+    if not with_workers:
         return None
     fastest = max(with_workers, key=lambda t: t.rate.value if t.rate else 0.0)
     return dataclasses.replace(fastest.settings, give_way=True)

@@ -19,10 +19,6 @@ The search (a plan, fed one measured trial at a time):
    may use always fit; beyond that the measured CPU per worker times the count must fit those CPUs (workers that
    mostly wait on storage use little CPU and may outnumber the cores), and their measured private memory must fit
    the memory available. Then refine: the midpoints between the best count and its tried neighbours.
-   Last, where the step and the chosen workers kept the rank's CPUs busy (``oversubscribed``), those
-   workers once more, giving way to the training process (below its CPU priority: ``apply.loader.GiveWay``) - the
-   step's intra-op threads otherwise wait out the workers' time slices. Kept only when faster beyond noise (at a
-   tie, the workers at the usual priority); the model predicts nothing for them (it knows no priorities).
 4. The choice: the cheapest setting (fewest workers) that no other measured setting beats beyond noise, among those
    whose workers' measured memory fits - or, where more workers of the same settings climb beyond the floor over
    it, the fewest within the floor of the fastest (``more_workers_on_a_trend``) - given the model's headroom
@@ -59,9 +55,6 @@ MAX_WORKERS = 64
 MODEL_TRIALS = 3
 #: Batches a DALI loader feeds its pipeline ahead of the step.
 DALI_PREFETCH = 2
-#: The share of the rank's CPUs the step and the loading kept busy in the chosen setting's trial from which its
-#: workers are tried giving way to the training process.
-OVERSUBSCRIBED = 0.8
 
 
 @dataclass(frozen=True)
@@ -201,7 +194,7 @@ class LoaderSearch:
             raise RuntimeError("record() the last proposal before asking for another")
         candidate = next(self._plan, None)
         self._waiting = candidate is not None
-        if candidate is not None and not (candidate.dali or candidate.give_way) and candidate not in self.predictions:
+        if candidate is not None and not candidate.dali and candidate not in self.predictions:
             self.predictions[candidate] = self.predict(candidate)  # checked when it is measured
         return candidate
 
@@ -281,7 +274,6 @@ class LoaderSearch:
                 best = self.best_dataloader()
                 if still_close(best, self.baseline, self.floor):
                     yield best.settings  # ... and the fastest once more: each side decided on two windows
-            yield from giving_way(self.choice(), self.budget.cpus)
         else:
             self.stop_reason = "num_workers left as is (\"loader\" is not among the groups to tune)"
         yield from self._dali()
@@ -431,25 +423,7 @@ class LoaderSearch:
 
 def _cost(t: Trial) -> tuple:
     s = t.settings
-    return (s.dali is not None, s.num_workers, s.prefetch_factor or 0, s.pin_memory, s.give_way,
-            -measured(t.rate).value)
-
-
-def giving_way(chosen: Trial, cpus: int) -> list[LoaderSettings]:
-    """The chosen workers once more, giving way to the training process - where they and the step kept the CPUs
-    busy; else nothing."""
-    s = chosen.settings
-    if s.num_workers > 0 and not (s.dali or s.give_way) and oversubscribed(chosen, cpus):
-        return [dataclasses.replace(s, give_way=True)]
-    return []
-
-
-def oversubscribed(trial: Trial, cpus: int) -> bool:
-    """The step and the loading of ``trial`` kept at least ``OVERSUBSCRIBED`` of the rank's CPUs busy: the CPU a
-    sample costs them (the step's outside the wait for data, where its idle intra-op threads spin) at its rate."""
-    if trial.rate is None or trial.step_cpu_s is None or trial.load_cpu_s is None:
-        return False
-    return trial.rate.value * (trial.step_cpu_s + trial.load_cpu_s) >= OVERSUBSCRIBED * cpus
+    return (s.dali is not None, s.num_workers, s.prefetch_factor or 0, s.pin_memory, -measured(t.rate).value)
 
 
 def worth_a_trial(predicted: float, best: Trial, floor: float) -> bool:

@@ -509,9 +509,6 @@ def _kept_reasons(user: LoaderSettings, before: Rate | None, chosen: Trial) -> C
             return f"{measured_gain}; faster than every DataLoader setting tried, beyond noise"
         if knob == "persistent_workers":
             return "workers would otherwise restart at every remaining epoch boundary"
-        if knob == "give_way":
-            return (f"{measured_gain}; the workers below the training process's CPU priority (os.nice) beat them at "
-                    "it beyond noise: the step's threads no longer wait out their time slices")
         if knob == "prefetch_factor" and user.num_workers == 0:
             return "comes with worker processes (torch's default)"
         if knob == "num_workers" and chosen.headroom_from is not None:

@@ -141,27 +141,6 @@ def test_a_tuned_run_reports_its_changes_and_the_code_to_keep_them():
     assert report.predicted_speedup is not None and report.measured_speedup > 1.5  # loose: ideal is ~4x or more
 
 
-def test_workers_giving_way_are_tried_where_the_cpus_are_busy_and_kept_when_measured_faster(monkeypatch):
-    # A controlled world whose CPUs the step and the workers keep busy (the seam: ``loader_search.oversubscribed``),
-    # where the workers giving way to the training process read 400 samples/s against 300 at the usual priority:
-    # they are tried last, kept, and run in the fit's loader from then on.
-    from pipeopt import GiveWay
-    from pipeopt.tuning import loader_search
-
-    monkeypatch.setattr(loader_search, "oversubscribed", lambda trial, cpus: True)
-    controlled_rates(monkeypatch, lambda s: 400.0 if s.give_way else {0: 100.0, 1: 150.0}.get(s.num_workers, 300.0))
-    controlled_wait(monkeypatch, 0.5)
-    callback = tuner(budget_s=120, stop_when_tuned=True)
-    _, trainer = fit([callback], SleepyDataset(n=512, delay_s=0.002), epochs=50)
-    report = callback.report
-    tried = [(t.settings["num_workers"], t.settings["give_way"]) for t in report.trials if t.status == "ok"]
-    assert tried[-1] == (2, True) and tried.count((2, True)) == 1  # the chosen count, once more, giving way
-    kept = {c.knob: c.after for c in report.changes}
-    assert kept["num_workers"] == 2 and kept["give_way"] is True
-    assert isinstance(trainer.train_dataloader.worker_init_fn, GiveWay)  # applied to the running fit
-    assert report.suggestions[0].endswith("worker_init_fn=pipeopt.GiveWay())")
-
-
 def test_which_setting_is_kept_follows_the_measurements(monkeypatch):
     # A controlled world: 1 worker is 1.5x the main process, 2 or more are 3x and tie with each other, and every
     # window waits half its step for data (the first pick follows the wait: 2 workers, not the 1 a busy machine's

@@ -420,15 +420,3 @@ def test_workers_that_give_way_are_tried_last_and_kept_only_when_they_beat_the_s
     session, switcher = run(no_better)
     assert session.kept is None and switcher.current == EIGHT
     assert (8, True, True) in [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
-
-
-def test_workers_in_place_that_give_way_give_way_in_every_cached_trial_and_the_main_process_alone_is_tried():
-    """The loader search kept workers giving way: every cached trial with workers gives way too, the main process
-    alone is tried as always, and no trial is run twice."""
-    giving_way = dataclasses.replace(EIGHT, give_way=True)
-    session, switcher = run(world_storage_bound, current=giving_way)
-    tried = [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
-    assert tried[:5] == [(8, True, True), (0, True, False), (4, True, True), (2, True, True), (1, True, True)]
-    assert len(session.trials) == 5
-    assert session.kept == dataclasses.replace(giving_way, num_workers=2, cache=True)
-    assert {c.knob for c in session.outcome.changes} == {"cache", "num_workers"}  # giving way was not this change

@@ -18,11 +18,6 @@ def trial(settings, rate, wait, cpu_workers=None, se=0.01):
                  load_cpu_s=load_cpu)
 
 
-def at_usual_priority(proposed):
-    """The proposals but the workers giving way to the training process."""
-    return [p for p in proposed if not p.give_way]
-
-
 def run(search, world):
     """Drive the search against ``world(settings) -> Trial``; return the proposals in order."""
     proposed = []
@@ -69,42 +64,17 @@ def test_from_the_before_window_alone_the_models_pick_reaches_the_best_rate_in_o
 def test_cpu_bound_loading_stops_where_the_cpus_are_spent():
     search = LoaderSearch(CPU_BOUND(USER), Budget(cpus=2, more_epochs=True))
     proposed = run(search, CPU_BOUND)
-    # 4 ms of CPU a sample: 2 CPUs load 400/s, which 2 workers make - and spend the CPUs, so giving way is tried
-    assert [(p.num_workers, p.give_way) for p in proposed] == [(2, False), (2, True)]
+    assert [p.num_workers for p in proposed] == [2]  # 4 ms of CPU a sample: 2 CPUs load 400/s, which 2 workers make
     assert search.choice().rate.value == pytest.approx(CPU_BOUND.best()[1])
-    # here the step does not spin beside the workers: giving way measures the same, and the usual priority is kept
-    assert not search.choice().settings.give_way
 
 
 def test_cpu_bound_loading_beside_a_spinning_step_adds_workers_while_the_model_predicts_a_gain():
     search = LoaderSearch(CONTENDED(USER), Budget(cpus=2, more_epochs=True))
     proposed = run(search, CONTENDED)
     # each trial spends the CPUs; only the step's CPU measured without workers says more workers can still pay
-    assert [p.num_workers for p in proposed[:3]] == [2, 4, 6]
-    assert not any(p.give_way for p in proposed[:3])
+    assert [p.num_workers for p in proposed] == [2, 4, 6]
     assert search.choice().settings.num_workers == 6
     assert search.choice().rate.value >= 0.9 * CONTENDED.best()[1]
-
-
-def test_workers_that_keep_the_cpus_busy_are_tried_giving_way_and_kept_when_the_step_then_runs_faster():
-    search = LoaderSearch(CONTENDED(USER), Budget(cpus=2, more_epochs=True))
-    proposed = run(search, CONTENDED)
-    six = USER.with_workers(6, persistent=True)
-    # the six workers and the step keep the two CPUs busy: the same workers once more, below the step's priority,
-    # where the step's threads no longer spin at their barriers: the step's own 1,500/s against 1,379/s
-    assert proposed[-1] == dataclasses.replace(six, give_way=True)
-    chosen = search.choice()
-    assert chosen.settings == dataclasses.replace(six, give_way=True)
-    assert chosen.rate.value == pytest.approx(CONTENDED.rate(6, give_way=True))
-    assert CONTENDED.rate(6, give_way=True) > 1.08 * CONTENDED.rate(6)
-    assert chosen.predicted is None  # the loader model knows no priorities: it predicts nothing for them
-
-
-def test_workers_that_leave_cpus_idle_are_not_tried_giving_way():
-    search = LoaderSearch(LATENCY(USER), Budget(cpus=2, more_epochs=True))
-    proposed = run(search, LATENCY)
-    # the step and 13 workers waiting on storage keep 1.2 of the 2 CPUs busy: nothing to give way to
-    assert proposed and not any(p.give_way for p in proposed)
 
 
 def noisy(world, se=0.08):
@@ -120,7 +90,7 @@ def test_a_supply_bound_trial_in_noisy_windows_does_not_stop_the_models_picks_sh
     search = LoaderSearch(CONTENDED(USER), Budget(cpus=2, more_epochs=True))
     proposed = run(search, noisy(CONTENDED))
     # 4 workers waited with no batch ready; 6 predicted 14 % faster, within 2 x 8 % but beyond the 5 % floor
-    assert [p.num_workers for p in at_usual_priority(proposed)] == [2, 4, 6]
+    assert [p.num_workers for p in proposed] == [2, 4, 6]
     assert search.choice().settings.num_workers == 6
 
 
@@ -201,9 +171,8 @@ def test_a_clear_gain_or_loss_does_not_measure_the_users_settings_again():
 def test_every_trial_carries_its_prediction_and_few_trials_are_needed(world):
     search = LoaderSearch(world(USER), Budget(cpus=2, memory_bytes=5 * GIB, more_epochs=True))
     proposed = run(search, world)
-    assert len(at_usual_priority(proposed)) <= 3
-    # (workers giving way - tried where they spend the CPUs - are measured only: the model knows the usual priority)
-    assert all((t.predicted is None) == t.settings.give_way for t in search.trials[1:])
+    assert len(proposed) <= 3
+    assert all(t.predicted is not None for t in search.trials[1:])
     chosen = search.choice()  # the model refitted on every trial predicts what the chosen setting measured
     assert search.predict(chosen.settings) == pytest.approx(chosen.rate.value, rel=0.05)
     assert chosen.rate.value == pytest.approx(world.best()[1] if world is not MEMORY_BOUND else world.rate(2))
@@ -374,9 +343,7 @@ def test_dali_is_tried_after_the_worker_search_and_chosen_when_faster_beyond_noi
 def test_with_dali_a_candidate_the_worker_counts_and_dali_take_three_trials_in_all():
     search = LoaderSearch(CONTENDED(USER), Budget(cpus=2, more_epochs=True, dali="cpu"))
     proposed = run(search, with_dali_on(CONTENDED, 3000.0))  # without DALI: 2, 4 and 6 workers
-    # the worker counts and DALI: three trials; between them, the fastest workers giving way (they spend the CPUs)
-    assert [p.dali or p.num_workers for p in at_usual_priority(proposed)] == [2, 4, "cpu"]
-    assert proposed[2] == dataclasses.replace(proposed[1], give_way=True)
+    assert [p.dali or p.num_workers for p in proposed] == [2, 4, "cpu"]
     assert search.choice().settings == DALI
 
 

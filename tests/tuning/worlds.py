@@ -4,9 +4,7 @@ stay what they are whatever the rate (so the CPU use a window reports is the rat
 machine, the training process's CPU also counts its intra-op threads spinning while the loop waits for data
 (``SPIN_PCT`` of a core for the whole wait): busy-looking time that is no load. Where workers compete with the
 step for the CPUs, the step's intra-op threads also spin at their barriers while one of them is preempted
-(``barrier_cpu``): CPU the step burns without needing it, less the more workers take the CPUs' share - and none
-when the workers give way to the training process (``LoaderSettings.give_way``: they run when the step's threads
-leave a CPU idle)."""
+(``barrier_cpu``): CPU the step burns without needing it, less the more workers take the CPUs' share."""
 
 from __future__ import annotations
 
@@ -32,16 +30,15 @@ class World:
     receive_s: float = 0.0  # seconds per sample the loop spends taking a ready batch from a worker (a wait, not supply)
     barrier_cpu: float = 0.0  # CPU-seconds per sample the step spins at its barriers beside one worker (/ n beside n)
 
-    def step_cpu(self, workers: int, give_way: bool = False) -> float:
-        """CPU-seconds per sample the step burns beside ``workers`` (its own, and its spin at the barriers - unless
-        they give way)."""
-        return self.main_cpu + (self.barrier_cpu / workers if workers and not give_way else 0.0)
+    def step_cpu(self, workers: int) -> float:
+        """CPU-seconds per sample the step burns beside ``workers`` (its own, and its spin at the barriers)."""
+        return self.main_cpu + (self.barrier_cpu / workers if workers else 0.0)
 
-    def rate(self, workers: int, give_way: bool = False) -> float:
+    def rate(self, workers: int) -> float:
         if workers == 0:  # loading and the step take turns in the main process
             return 1.0 / (1.0 / self.step_rate + 1.0 / self.loader_rate)
         step = 1.0 / (1.0 / self.step_rate + self.receive_s)  # with workers, each batch is also received
-        return min(step, workers * self.loader_rate, self.cpus / (self.step_cpu(workers, give_way) + self.load_cpu))
+        return min(step, workers * self.loader_rate, self.cpus / (self.step_cpu(workers) + self.load_cpu))
 
     def best(self, most: int = 64) -> tuple[int, float]:
         """The fewest workers reaching the best rate, and that rate."""
@@ -52,16 +49,16 @@ class World:
         n = settings.num_workers
         if self.fail_from is not None and n >= self.fail_from:
             return Trial(settings, None, error="RuntimeError: DataLoader worker (pid 1) exited unexpectedly")
-        rate, step_cpu = self.rate(n, settings.give_way), self.step_cpu(n, settings.give_way)
+        rate = self.rate(n)
         wait = 1.0 - rate / self.step_rate
         starved = wait - (rate * self.receive_s if n else 0.0)  # what remains once receiving is taken out
         if n == 0:
             main, workers = rate * (self.main_cpu + self.load_cpu), 0.0
         else:
-            main, workers = rate * step_cpu, rate * self.load_cpu
+            main, workers = rate * self.step_cpu(n), rate * self.load_cpu
         return Trial(settings, Rate(rate, 0.01), data_wait_frac=wait, cpu_main_pct=100 * main + SPIN_PCT * wait,
                      cpu_workers_pct=100 * workers, worker_mem_bytes=self.worker_mem if n else None,
-                     load_cpu_s=self.load_cpu, step_cpu_s=step_cpu, supply_wait_frac=max(0.0, starved))
+                     load_cpu_s=self.load_cpu, step_cpu_s=self.step_cpu(n), supply_wait_frac=max(0.0, starved))
 
 
 #: Storage latency: each loader waits on slow storage (100 samples/s, little CPU); the step takes 1000/s.
