@@ -213,7 +213,7 @@ class CachedDataset(Dataset):
     def __init__(self, split: Split, store: SampleStore, *, read: bool, rows: bool = False) -> None:
         self.split, self.store, self.read = split, store, read
         self.rows = rows and read and split.whole  # read a batch's whole items straight into rows of its tensors
-        self.full = False  # this process saw the budget run out: it stops trying to store
+        self.full = False  # this process saw the budget (or the file system) run out: it stops trying to store
         self.broken = False  # this process could not reach the store: it makes every item, as without it
 
     def __len__(self) -> int:
