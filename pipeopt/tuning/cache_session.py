@@ -14,15 +14,18 @@ of finishing a window of the slow settings first. Then, on the live run:
    when they span less, DALI comes back for a window of its own before the trials. Nothing is tried when the loop
    waited for data under 5 % of its steps there (taking that away could not beat the noise floor); the user's own
    settings under 10 % (the loader search's before-window) skip the whole session (``begin``);
-2. a trial reading from the store with the same workers;
+2. a trial reading from the store with the same workers - giving way to the training process (below its CPU
+   priority: ``apply.loader.GiveWay``), as every cached trial's workers do until the last: with little left to do
+   per sample, they take the CPU time the step leaves, where at the usual priority, on oversubscribed CPUs, the
+   step's intra-op threads wait out their time slices (measured: the same cached workers read 1.2-1.5x faster
+   giving way, ``benchmarks/results/README.md``; the fit may have room for one cached trial only);
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
    slower beyond noise, trials halving the workers while each keeps pace with the best cached trial (at most
    three). Where the store holds whole items (``alone_first``: nothing left to do per sample but read it), the
    main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
-   run does (workers could only share a wait that is no longer there). Last, the fastest cached trial with workers
-   once more, its workers giving way to the training process (below its CPU priority: ``apply.loader.GiveWay``) -
-   where the CPUs are oversubscribed, the step's intra-op threads otherwise wait out the workers' time slices;
+   run does (workers could only share a wait that is no longer there). Last, the cached setting that would be
+   chosen, where it has workers, once more at the usual priority (kept at a tie: nothing changes that need not);
 4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers,
    then workers not giving way) no other cached trial beats beyond noise, confirmed by an after-window against
    ``before`` (once more when too close to call); otherwise the settings in place stay.
@@ -250,7 +253,7 @@ class CacheSession:
         self._after.append(rate)
         after = self._after[0] if len(self._after) == 1 else combine(*self._after[:2])
         if faster(after, before, self._floor):
-            self.outcome.changes = kept_changes(chosen, self.baseline, after, before)
+            self.outcome.changes = kept_changes(chosen, self.baseline, after, before, self.trials)
             self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
             self._say(f"kept {chosen.settings.describe()}")
             self.state = CachePhase.DONE
@@ -336,9 +339,11 @@ def no_room(left: int, to_warm: int, need: int) -> str:
     return f"the fit has {left} optimizer steps left: too few {fill}for a cached trial and an after-window ({need})"
 
 
-def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, before: Rate) -> list[Change]:
+def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, before: Rate,
+                 trials: list[CacheTrial]) -> list[Change]:
     """The report's changes for a kept cache: the cache (its trial's and after-window's speedups over ``before``),
-    DALI given up, the worker count."""
+    DALI given up, the worker count, the workers giving way (against the same workers at the usual priority, where
+    ``trials`` measured them)."""
     predicted, measured = (chosen.rate.value / before.value if chosen.rate else None), after.value / before.value
     why = (f"{before.value:,.1f} -> {after.value:,.1f} samples/s reading each sample's deterministic part from "
            "the store (trial, then after-window)")
@@ -349,9 +354,12 @@ def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, befo
         changes.append(Change("num_workers", baseline.num_workers, chosen.settings.num_workers,
                               "the cheapest worker count no other cached trial beat beyond noise"))
     if chosen.settings.give_way:
-        changes.append(Change("give_way", False, True, "the workers ran faster below the training process's CPU "
-                              "priority (os.nice) than at it: the step's threads no longer wait out their time "
-                              "slices"))
+        usual = dataclasses.replace(chosen.settings, give_way=False)
+        why = ("the workers ran faster below the training process's CPU priority (os.nice) than at it, beyond "
+               "noise: the step's threads no longer wait out their time slices"
+               if any(t.settings == usual and t.rate for t in trials) else "the cached trials' workers ran below "
+               "the training process's CPU priority (os.nice); the fit had no room to try them at it")
+        changes.append(Change("give_way", False, True, why))
     return changes
 
 
@@ -402,26 +410,24 @@ def following(trials: list[CacheTrial], before: Rate | None, in_place: int, floo
 
 
 def cached_with(base: LoaderSettings, workers: int) -> LoaderSettings:
-    """``base`` with ``workers``, reading from the store."""
+    """``base`` with ``workers``, reading from the store - the workers giving way to the training process."""
     if workers != base.num_workers:
         base = base.with_workers(workers, persistent=base.persistent_workers)
-    return dataclasses.replace(base, cache=True)
+    return dataclasses.replace(base, cache=True, give_way=workers > 0)
 
 
 def next_trial(trials: list[CacheTrial], before: Rate | None, base: LoaderSettings,
                floor: float) -> LoaderSettings | None:
-    """The cached trial after ``trials``: ``following``'s worker count; then, last, the fastest cached trial with
-    workers once more, its workers giving way to the training process; None when done."""
-    if any(t.settings.give_way for t in trials):
+    """The cached trial after ``trials``: ``following``'s worker count; then, last, the cached setting that would be
+    chosen (``cheapest_unbeaten``) once more, where it has workers, at the usual priority; None when done."""
+    if any(t.settings.num_workers > 0 and not t.settings.give_way for t in trials):
         return None
     workers = following(trials, before, base.num_workers, floor)
     if workers is not None:
         return cached_with(base, workers)
-    with_workers = [t for t in trials if t.rate is not None and t.settings.num_workers > 0]
-    if not with_workers:
-        return None
-    fastest = max(with_workers, key=lambda t: t.rate.value if t.rate else 0.0)
-    return dataclasses.replace(fastest.settings, give_way=True)
+    ok = [t for t in trials if t.rate is not None]
+    choice = cheapest_unbeaten(ok, floor).settings if ok else None
+    return dataclasses.replace(choice, give_way=False) if choice is not None and choice.num_workers > 0 else None
 
 
 def cheapest_unbeaten(options: list[CacheTrial], floor: float) -> CacheTrial:

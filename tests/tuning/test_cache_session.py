@@ -103,7 +103,7 @@ def test_the_window_in_which_the_store_turns_warm_is_the_window_before():
         labels.append("window")
         session.on_step_end()
     assert session.before is not None and session.before.value == 400.0
-    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True)]
+    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True, give_way=True)]
     assert labels[0] == "filling the sample cache" and "cache: before" not in labels
 
 
@@ -132,10 +132,10 @@ def test_nothing_is_tried_while_any_rank_is_cold():
 def test_a_cache_that_is_not_faster_is_not_kept_and_the_settings_in_place_return():
     session, switcher = run(world_compute_light)
     assert session.state == "done" and session.kept is None
-    # the workers in place and the main process alone, both read from the store, then the workers giving way;
-    # none faster: back
+    # the workers in place (giving way) and the main process alone, both read from the store; the cheapest of them,
+    # the main process alone, has no workers to try at the usual priority; none faster: back
     assert [(s.num_workers, s.cache, s.give_way) for s in switcher.switches] == [
-        (8, True, False), (0, True, False), (8, True, True), (8, False, False)]
+        (8, True, True), (0, True, False), (8, False, False)]
     assert switcher.current == EIGHT
     assert any("not faster beyond noise" in n for n in session.outcome.notes)
 
@@ -215,7 +215,8 @@ def test_under_dali_the_loader_searchs_windows_of_dali_are_the_window_before():
     session.begin(0.3, two, [(Rate(500.0, 0.01), 1.5, 0.3), (Rate(520.0, 0.01), 1.5, 0.3)])
     for _ in range(2):  # the filling DataLoader, at 400/s: cold, then warm
         window_ends(session, labels, 400.0, 0.5)
-    assert switcher.switches == [two, dataclasses.replace(two, cache=True)] and "cache: before" not in labels
+    assert switcher.switches == [two, dataclasses.replace(two, cache=True, give_way=True)]
+    assert "cache: before" not in labels
     assert session.before is not None and session.before.value == 510.0  # DALI's two windows, not the filler's
 
 
@@ -365,7 +366,7 @@ def test_an_epoch_whose_start_finds_the_store_warm_tries_the_cache_at_its_first_
     if other_rank_cold:
         assert switcher.switches == [] and session.state == "wait"
         return
-    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True)]
+    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True, give_way=True)]
     assert labels[-1].startswith("cache trial") and session.before is not None and session.before.value == 400.0
     session.on_step_end()  # the next step end is not an epoch's first: nothing more
     assert len(switcher.switches) == 1
@@ -401,22 +402,33 @@ def world_oversubscribed(settings: LoaderSettings) -> tuple[float, float]:
     return 400.0, 0.6
 
 
-def test_workers_that_give_way_are_tried_last_and_kept_only_when_they_beat_the_settings_in_place():
-    """The fastest cached trial with workers is tried once more with its workers giving way to the training
-    process; kept - with its after-window - when that beats the window before beyond noise, reported as a change;
-    not kept where it is no faster."""
+def test_cached_workers_give_way_and_the_choice_is_tried_last_at_the_usual_priority():
+    """Every cached trial's workers give way to the training process; last, the cached setting that would be chosen
+    is tried once more at the usual priority - giving way is kept (reported as a change) only when it was faster
+    beyond noise, and the cache only when a cached trial beat the window before."""
     session, switcher = run(world_oversubscribed)
     tried = [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
-    assert tried[:2] == [(8, True, False), (0, True, False)] and tried[2] == (8, True, True)
-    assert tried.count((8, True, True)) == 1  # once, not per worker count
-    assert session.kept == dataclasses.replace(EIGHT, cache=True, give_way=True)
-    assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
-        "cache": (False, True), "give_way": (False, True)}
+    # giving way, 8 workers beat the settings in place; alone is slower; halving keeps pace down to one worker
+    assert tried[:6] == [(8, True, True), (0, True, False), (4, True, True), (2, True, True), (1, True, True),
+                         (1, True, False)]
+    assert session.kept == dataclasses.replace(EIGHT, num_workers=1, cache=True, give_way=True)
+    changes = {c.knob: c for c in session.outcome.changes}
+    assert {k: (c.before, c.after) for k, c in changes.items()} == {
+        "cache": (False, True), "num_workers": (8, 1), "give_way": (False, True)}
+    assert "faster below the training process's CPU priority" in changes["give_way"].reason
     assert "workers giving way" in session.kept.describe()
 
-    def no_better(settings):
+    def no_better(settings):  # the same, but giving way changes nothing: the cache never beats the window before
         return world_oversubscribed(dataclasses.replace(settings, give_way=False))
 
     session, switcher = run(no_better)
     assert session.kept is None and switcher.current == EIGHT
-    assert (8, True, True) in [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
+    assert [(s.num_workers, s.cache, s.give_way) for s in switcher.switches] == [
+        (8, True, True), (0, True, False), (8, True, False), (8, False, False)]
+
+    def equal(settings):  # giving way changes nothing, and the cache pays: at the tie, the usual priority is kept
+        return world_storage_bound(settings)
+
+    session, switcher = run(equal)
+    assert session.kept == dataclasses.replace(EIGHT, num_workers=2, cache=True)
+    assert "give_way" not in {c.knob for c in session.outcome.changes}
