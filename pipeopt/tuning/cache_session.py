@@ -354,12 +354,11 @@ def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, befo
         changes.append(Change("num_workers", baseline.num_workers, chosen.settings.num_workers,
                               "the cheapest worker count no other cached trial beat beyond noise"))
     if chosen.settings.give_way:
-        usual = dataclasses.replace(chosen.settings, give_way=False)
-        why = ("the workers ran faster below the training process's CPU priority (os.nice) than at it, beyond "
-               "noise: the step's threads no longer wait out their time slices"
-               if any(t.settings == usual and t.rate for t in trials) else "the cached trials' workers ran below "
-               "the training process's CPU priority (os.nice); the fit had no room to try them at it")
-        changes.append(Change("give_way", False, True, why))
+        usual = [t for t in trials if t.settings == dataclasses.replace(chosen.settings, give_way=False)]
+        at_it = ("the fit had no room to try them at it" if not usual else "at it, they failed" if not usual[0].rate
+                 else "at it, another cached trial beat them beyond noise")
+        changes.append(Change("give_way", False, True, "the cached trials' workers ran below the training "
+                              f"process's CPU priority (os.nice); {at_it}"))
     return changes
 
 

@@ -415,7 +415,7 @@ def test_cached_workers_give_way_and_the_choice_is_tried_last_at_the_usual_prior
     changes = {c.knob: c for c in session.outcome.changes}
     assert {k: (c.before, c.after) for k, c in changes.items()} == {
         "cache": (False, True), "num_workers": (8, 1), "give_way": (False, True)}
-    assert "faster below the training process's CPU priority" in changes["give_way"].reason
+    assert "at it, another cached trial beat them beyond noise" in changes["give_way"].reason
     assert "workers giving way" in session.kept.describe()
 
     def no_better(settings):  # the same, but giving way changes nothing: the cache never beats the window before
