@@ -404,8 +404,8 @@ def world_oversubscribed(settings: LoaderSettings) -> tuple[float, float]:
 
 def test_cached_workers_give_way_and_the_choice_is_tried_last_at_the_usual_priority():
     """Every cached trial's workers give way to the training process; last, the cached setting that would be chosen
-    is tried once more at the usual priority - giving way is kept (reported as a change) only when it was faster
-    beyond noise, and the cache only when a cached trial beat the window before."""
+    is tried once more at the usual priority - giving way is kept (reported as a change) only where that trial is
+    beaten beyond noise, and the cache only when a cached trial beat the window before."""
     session, switcher = run(world_oversubscribed)
     tried = [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
     # giving way, 8 workers beat the settings in place; alone is slower; halving keeps pace down to one worker
