@@ -10,8 +10,9 @@ of finishing a window of the slow settings first. Then, on the live run:
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
    epoch is not spent on one more window of the slow settings; a window of its own when they do not yet. Under DALI
-   (whose loader does not fill the store: a DataLoader does) only the loader search's windows of DALI count, and
-   when they span less, DALI comes back for a window of its own before the trials. Nothing is tried when the loop
+   (whose loader does not fill the store: a DataLoader does, reading the samples stored already - it is not the
+   window before) only the loader search's windows of DALI count, and when they span less, DALI comes back for a
+   window of its own before the trials. Nothing is tried when the loop
    waited for data under 5 % of its steps there (taking that away could not beat the noise floor); the user's own
    settings under 10 % (the loader search's before-window) skip the whole session (``begin``);
 2. a trial reading from the store with the same workers - giving way to the training process (below its CPU
@@ -110,8 +111,10 @@ class CacheSession:
     def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None,
               measured: Iterable[tuple[Rate, float, float]] = ()) -> None:
         """The other groups are done: fill with the settings in place (on a loader of pipeopt's; under DALI, with
-        ``filler``, the fastest DataLoader of pipeopt's measured), then wait - unless the loader search found the run
-        compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place (rate, s, wait)."""
+        ``filler``, the fastest DataLoader of pipeopt's measured, which reads the samples stored already: its windows
+        are not the window before - DALI's are - so it need not make them again), then wait - unless the loader
+        search found the run compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place
+        (rate, s, wait)."""
         self.started, self.baseline, self._filling = True, self._switcher.current, list(measured)
         self._applied = self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
@@ -127,8 +130,8 @@ class CacheSession:
         self._cached_base = (filler or self.baseline) if self.baseline.dali else self.baseline
         if not self._room(self._to_warm()):  # after the rest of the epoch that made the store: no fill it cannot try
             return
-        if self._cached_base != self.baseline:  # under DALI: the filler
-            self._apply(self._cached_base, "filling the sample cache")
+        if self._cached_base != self.baseline:  # under DALI: the filler, reading what the store holds already
+            self._apply(dataclasses.replace(self._cached_base, cache=True), "filling the sample cache")
             self._switcher.settle()
             return
         if not self._fills():

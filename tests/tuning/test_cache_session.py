@@ -199,7 +199,8 @@ def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
         return 400.0, 0.5
 
     session, switcher = run(world, current=dali, filler=two, installed_fills=False, before_wait=0.3)
-    assert switcher.switches[:2] == [two, dali]  # filled by the DataLoader, then DALI measured for the window before
+    # filled by the DataLoader (reading what the store holds already), then DALI measured for the window before
+    assert switcher.switches[:2] == [dataclasses.replace(two, cache=True), dali]
     assert [(s.num_workers, s.cache) for s in switcher.switches[2:5]] == [(2, True), (0, True), (1, True)]
     assert session.kept == dataclasses.replace(two, num_workers=1, cache=True)
     assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
@@ -209,13 +210,15 @@ def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
 def test_under_dali_the_loader_searchs_windows_of_dali_are_the_window_before():
     """DALI was measured by the loader search (its trial and after-window): pooled, they are the window before, and
     the first cached trial follows the filling DataLoader at once - no switch back to DALI for a window of its own.
-    They are DALI's alone: the filling DataLoader's windows are not the settings in place."""
+    They are DALI's alone: the filling DataLoader's windows are not the settings in place - and so it reads the
+    samples the store holds already instead of making them again (at the usual priority: it decodes the rest)."""
     dali, two = LoaderSettings.dali_on("cpu"), dataclasses.replace(EIGHT, num_workers=2)
     session, switcher, labels = labelled(dali, warm_after=2, fills=False)
     session.begin(0.3, two, [(Rate(500.0, 0.01), 1.5, 0.3), (Rate(520.0, 0.01), 1.5, 0.3)])
-    for _ in range(2):  # the filling DataLoader, at 400/s: cold, then warm
-        window_ends(session, labels, 400.0, 0.5)
-    assert switcher.switches == [two, dataclasses.replace(two, cache=True, give_way=True)]
+    for _ in range(2):  # the filling DataLoader, at 700/s: cold, then warm
+        window_ends(session, labels, 700.0, 0.5)
+    assert switcher.switches == [dataclasses.replace(two, cache=True),
+                                 dataclasses.replace(two, cache=True, give_way=True)]
     assert "cache: before" not in labels
     assert session.before is not None and session.before.value == 510.0  # DALI's two windows, not the filler's
 
@@ -242,7 +245,8 @@ def test_under_dali_no_store_is_filled_that_the_fit_could_not_try_after_the_epoc
         session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20), warm=lambda: False,
                                fills=lambda: False, steps_left=lambda left=left: left, to_warm=lambda: 100)
         session.begin(0.3, two)
-        assert switcher.switches == ([two] if filled else []) and (session.state == "done") != filled
+        filler = dataclasses.replace(two, cache=True)
+        assert switcher.switches == ([filler] if filled else []) and (session.state == "done") != filled
     assert any("too few to fill the store until the next epoch (100), then for a cached trial" in n
                for n in session.outcome.notes), session.outcome.notes
 
