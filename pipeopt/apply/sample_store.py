@@ -6,7 +6,9 @@ of its bytes in ``data`` (a length of 0: not stored); ``data`` is written once p
 Writers reserve their bytes under an ``flock`` on ``lock`` (the header's counters change only there), write them
 with ``pwrite`` and publish the position's length last, so a reader sees a position either absent or whole.
 Readers take no lock and make no system call: they copy from the mapped data file (from the page cache; a ``pread``
-of a 150 KB sample from shared memory costs ~2x the copy). The files are never truncated while in use: a new store
+of a 150 KB sample from shared memory costs ~2x the copy). The process that made the store maps in each record it
+stores, while it is fresh: its first read of a page not yet mapped would fault (an epoch's first read of its
+batches took twice the next one's). The files are never truncated while in use: a new store
 replaces them (a process still mapping the old ones reads those). Every process opens the files itself (on first
 use after a fork or a spawn): no file description - and so no lock - is shared between processes. The process that
 made (or opened) the store holds a shared ``flock`` on ``alive`` until it closes it: a store nobody holds is left
@@ -29,6 +31,7 @@ import os
 import pickle
 import shutil
 import struct
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,6 +50,9 @@ SLOTS = 64
 #: each slot made (on a miss: stored or not).
 _HEADER = 8 + SLOTS
 _END, _FILL_NS, _STORED, _UNSTORED, _LENGTH, _BUDGET, _MADE = 1, 2, 3, 4, 5, 6, 8
+#: ``madvise`` advice that maps a range's pages into the calling process's page tables (Linux 5.14 and later; Python
+#: names it from 3.13 only). None: not on Linux.
+_POPULATE_READ: int | None = getattr(mmap, "MADV_POPULATE_READ", 22) if sys.platform == "linux" else None
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,17 @@ class _Files:
         data_fd = os.open(directory / "data", os.O_RDWR)
         return cls(index_file, mmap.mmap(index_file.fileno(), 0), data_fd,
                    mmap.mmap(data_fd, 0, prot=mmap.PROT_READ), os.open(directory / "lock", os.O_RDWR))
+
+    def map_in(self, offset: int, length: int) -> None:
+        """Map the data file's pages of ``length`` bytes at ``offset`` into this process's page tables now (where the
+        kernel can: else its first read of them does)."""
+        if _POPULATE_READ is None:
+            return
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self._data_map.madvise(_POPULATE_READ, start, offset + length - start)
+        except (OSError, ValueError):  # a kernel without the advice
+            pass
 
     def close(self) -> None:
         self.index.release()
@@ -242,6 +259,8 @@ class SampleStore:
             return False
         index[slot] = offset
         index[slot + 1] = len(value)  # published last: a reader sees the position absent or whole
+        if self._alive is not None and self._alive[0] == os.getpid():  # the training process, which reads it again
+            files.map_in(offset, len(value))  # now, not in a training step: the pages' first read faults each one
         spent = time.thread_time_ns() - started_ns
         with _locked(lock_fd):
             index[_FILL_NS] += spent
