@@ -8,11 +8,11 @@ with ``pwrite`` and publish the position's length last, so a reader sees a posit
 Readers take no lock and make no system call: they copy from the mapped data file (from the page cache; a ``pread``
 of a 150 KB sample from shared memory costs ~2x the copy). The process that made the store maps in each record it
 stores, while it is fresh: its first read of a page not yet mapped would fault (an epoch's first read of its
-batches took twice the next one's). The files are never truncated while in use: a new store
-replaces them (a process still mapping the old ones reads those). Every process opens the files itself (on first
-use after a fork or a spawn): no file description - and so no lock - is shared between processes. The process that
-made (or opened) the store holds a shared ``flock`` on ``alive`` until it closes it: a store nobody holds is left
-over from a process that died (``sweep``).
+batches took twice the next one's). The files are never truncated while in use: a new store replaces them (a
+process still mapping the old ones reads those). Every process opens the files itself (on first use after a fork
+or a spawn): no file description - and so no lock - is shared between processes. The process that made (or
+opened) the store holds a shared ``flock`` on ``alive`` until it closes it: a store nobody holds is left over from
+a process that died (``sweep``).
 
 Why not LMDB: an LMDB environment must not be used after ``fork()`` in the child it was inherited by, and a
 DataLoader forks its workers from a main process that itself reads the store (``num_workers=0``) - closing the

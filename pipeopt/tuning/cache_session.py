@@ -12,9 +12,9 @@ of finishing a window of the slow settings first. Then, on the live run:
    epoch is not spent on one more window of the slow settings; a window of its own when they do not yet. Under DALI
    (whose loader does not fill the store: a DataLoader does, reading the samples stored already - it is not the
    window before) only the loader search's windows of DALI count, and when they span less, DALI comes back for a
-   window of its own before the trials. Nothing is tried when the loop
-   waited for data under 5 % of its steps there (taking that away could not beat the noise floor); the user's own
-   settings under 10 % (the loader search's before-window) skip the whole session (``begin``);
+   window of its own before the trials. Nothing is tried when the loop waited for data under 5 % of its steps there
+   (taking that away could not beat the noise floor); the user's own settings under 10 % (the loader search's
+   before-window) skip the whole session (``begin``);
 2. a trial reading from the store with the same workers - giving way to the training process (below its CPU
    priority: ``apply.loader.GiveWay``), as every cached trial's workers do until the last: with little left to do
    per sample, they take the CPU time the step leaves, where at the usual priority, on oversubscribed CPUs, the
