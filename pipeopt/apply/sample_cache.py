@@ -273,7 +273,7 @@ class CachedDataset(Dataset):
             self.store.note_unstored()
         elif not self.store.has(i):
             started = time.thread_time_ns()
-            self.full = not self.store.put(i, encode(part), started) and not self.store.has(i)
+            self.full = not self.store.put(i, encode(part), started) and not self.store.taken(i)
 
 
 class SampleCache:

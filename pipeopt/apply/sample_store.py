@@ -3,8 +3,9 @@ mapped into memory, sized by a budget.
 
 Layout (``directory/``): ``index`` holds a header of counters and, for each dataset position, the offset and length
 of its bytes in ``data`` (a length of 0: not stored); ``data`` is written once per position, never rewritten.
-Writers reserve their bytes under an ``flock`` on ``lock`` (the header's counters change only there), write them
-with ``pwrite`` and publish the position's length last, so a reader sees a position either absent or whole.
+Writers reserve their bytes and claim the position under an ``flock`` on ``lock`` (the header's counters change only
+there; a process making the same sample meanwhile stores nothing), write them with ``pwrite`` and publish the
+position's length last, so a reader sees a position either absent or whole.
 Readers take no lock and make no system call: they copy from the mapped data file (from the page cache; a ``pread``
 of a 150 KB sample from shared memory costs ~2x the copy). The process that made the store maps in each record it
 stores, while it is fresh: its first read of a page not yet mapped would fault (an epoch's first read of its
@@ -50,6 +51,9 @@ SLOTS = 64
 #: each slot made (on a miss: stored or not).
 _HEADER = 8 + SLOTS
 _END, _FILL_NS, _STORED, _UNSTORED, _LENGTH, _BUDGET, _MADE = 1, 2, 3, 4, 5, 6, 8
+#: A position's offset while some process writes its bytes (no record has it): another making the same sample
+#: meanwhile stores nothing.
+_WRITING = -1
 #: ``madvise`` advice that maps a range's pages into the calling process's page tables (Linux 5.14 and later; Python
 #: names it from 3.13 only). None: not on Linux.
 _POPULATE_READ: int | None = getattr(mmap, "MADV_POPULATE_READ", 22) if sys.platform == "linux" else None
@@ -224,6 +228,11 @@ class SampleStore:
     def has(self, position: int) -> bool:
         return self._open().index[_HEADER + 2 * position + 1] > 0
 
+    def taken(self, position: int) -> bool:
+        """Stored, or being stored by some process."""
+        index, slot = self._open().index, _HEADER + 2 * position
+        return index[slot + 1] > 0 or index[slot] == _WRITING
+
     def missing(self) -> list[int]:
         """The positions not stored (yet, or ever: the budget may be spent)."""
         lengths = np.frombuffer(self._open().index, dtype=np.int64)[_HEADER + 1::2]
@@ -232,30 +241,31 @@ class SampleStore:
     def put(self, position: int, value: bytes, started_ns: int) -> bool:
         """Store ``value`` for ``position`` (made on a miss, counted in this store's slot); False when the budget has
         no room for it, or the file system under the store none before the budget is spent (counted as not stored:
-        nothing is published of a record written in part), or another process stored it meanwhile. The CPU time of
-        this thread from ``started_ns`` (``time.thread_time_ns()`` before the sample was encoded) to its bytes being
-        written is added to the fill cost."""
+        nothing is published of a record written in part), or another process stored it meanwhile or is storing it
+        (``taken``: each position's bytes are written once, and counted once). The CPU time of this thread from
+        ``started_ns`` (``time.thread_time_ns()`` before the sample was encoded) to its bytes being written is added
+        to the fill cost."""
         files = self._open()
         index, lock_fd = files.index, files.lock_fd
         slot = _HEADER + 2 * position
         with _locked(lock_fd):
             index[_MADE + self.slot] += 1
-            if index[slot + 1]:
+            if index[slot + 1] or index[slot] == _WRITING:
                 return False
             offset = index[_END]
             if offset + len(value) > self.budget_bytes or not value:
                 index[_UNSTORED] += 1
                 return False
-            index[_END] = offset + len(value)
+            index[_END], index[slot] = offset + len(value), _WRITING
         try:
             written = os.pwrite(files.data_fd, value, offset)
         except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
             written = 0
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self._unclaim(slot, full=False)
+                raise
         if written != len(value):  # the file system filled up before the budget: as if the budget were spent
-            with _locked(lock_fd):
-                index[_UNSTORED] += 1
+            self._unclaim(slot, full=True)
             return False
         index[slot] = offset
         index[slot + 1] = len(value)  # published last: a reader sees the position absent or whole
@@ -266,6 +276,14 @@ class SampleStore:
             index[_FILL_NS] += spent
             index[_STORED] += 1
         return True
+
+    def _unclaim(self, slot: int, *, full: bool) -> None:
+        """The position at ``slot`` was not written after all: free for another process to store (``full``: counted
+        as not stored)."""
+        files = self._open()
+        with _locked(files.lock_fd):
+            files.index[slot] = 0
+            files.index[_UNSTORED] += int(full)
 
     def note_unstored(self) -> None:
         """A miss this slot's process made and did not offer (it saw the budget spent): counted, not stored."""

@@ -142,6 +142,31 @@ def test_a_file_system_that_fills_before_the_budget_leaves_what_was_stored_read_
     assert all(_equal(a, b) for a, b in zip(first, second))
 
 
+def test_a_sample_two_processes_make_at_once_is_stored_once_and_neither_stops_storing(tmp_path, monkeypatch):
+    """A worker making ahead what the store misses and a loader drawing the same sample both store it: the bytes are
+    written once and counted once (the report never says more stored than the dataset has), and the process that
+    found it being stored goes on storing the samples after it."""
+    dataset = Counted()
+    writer = SampleStore(tmp_path / "s", 64, 1 << 20)
+    other = CachedDataset(plan(dataset), SampleStore(tmp_path / "s", 64, 1 << 20), read=True)  # its own view
+    pwrite, met = os.pwrite, []
+
+    def meanwhile(fd, data, offset):  # while the writer's bytes go down, the other process makes the same sample
+        if not met:
+            met.append(None)
+            met[0] = other[3]
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", meanwhile)
+    record = encode(dataset[3])
+    assert writer.put(3, record, time.thread_time_ns())
+    assert _equal(met[0], dataset[3]) and not other.full
+    stats = writer.stats()
+    assert stats.stored == 1 and stats.bytes_used == len(record) and writer.has(3)
+    _ = other[4]
+    assert writer.stats().stored == 2 and writer.has(4)
+
+
 def _mapped_bytes(path) -> int:
     """Bytes of this process's mappings of ``path`` that its page tables map (``Rss`` in ``/proc/self/smaps``)."""
     total, inside = 0, False
