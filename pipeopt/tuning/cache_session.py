@@ -13,8 +13,9 @@ of finishing a window of the slow settings first. Then, on the live run:
    (whose loader does not fill the store: a DataLoader does, reading the samples stored already - it is not the
    window before) only the loader search's windows of DALI count, and when they span less, DALI comes back for a
    window of its own before the trials. Nothing is tried when the loop waited for data under 5 % of its steps there
-   (taking that away could not beat the noise floor); the user's own settings under 10 % (the loader search's
-   before-window) skip the whole session (``begin``);
+   (taking that away could not beat the noise floor) - pooled windows that say so are confirmed by a window measured
+   now (the host may have run the step slower while they were measured); the user's own settings under 10 % (the
+   loader search's before-window) skip the whole session (``begin``);
 2. a trial reading from the store with the same workers - giving way to the training process (below its CPU
    priority: ``apply.loader.GiveWay``), as every cached trial's workers do until the last: with little left to do
    per sample, they take the CPU time the step leaves, where at the usual priority, on oversubscribed CPUs, the
@@ -110,11 +111,9 @@ class CacheSession:
 
     def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None,
               measured: Iterable[tuple[Rate, float, float]] = ()) -> None:
-        """The other groups are done: fill with the settings in place (on a loader of pipeopt's; under DALI, with
-        ``filler``, the fastest DataLoader of pipeopt's measured, which reads the samples stored already: its windows
-        are not the window before - DALI's are - so it need not make them again), then wait - unless the loader
-        search found the run compute-bound (``data_wait_frac``). ``measured``: its windows of the settings in place
-        (rate, s, wait)."""
+        """The other groups are done: fill with the settings in place (on a loader of pipeopt's; under DALI with
+        ``filler``, the fastest DataLoader of pipeopt's measured, reading what is stored), then wait - unless the
+        loader search found the run compute-bound (``data_wait_frac``; ``measured``: its windows of them)."""
         self.started, self.baseline, self._filling = True, self._switcher.current, list(measured)
         self._applied = self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
@@ -183,15 +182,15 @@ class CacheSession:
 
     # -- the phases -------------------------------------------------------------------------------------------
     def _ready(self) -> None:
-        """The store may be read on every rank: the window before, from the windows waited (else one of its own)."""
+        """The store may be read on every rank: the window before, from the windows waited, else measured now."""
         self.state = CachePhase.BEFORE
         pooled = pool_recent(self._filling, self._windows.min_window_s)
-        if self._applied != self.baseline and pooled is None:  # filled by a DataLoader: DALI measured again
-            self._apply(self.baseline, "cache: before")
-        elif pooled is None:  # too little of the settings in place measured yet
-            self._windows.measure("cache: before", 0, self._applied)
-        else:
+        if pooled is not None and pooled[1] >= INPUT_SOLVED_WAIT:
             self._on_before(*pooled)
+        elif self._applied != self.baseline:  # filled by a DataLoader: DALI measured again
+            self._apply(self.baseline, "cache: before")
+        else:
+            self._windows.measure("cache: before", 0, self._applied)
 
     def _room(self, to_warm: int = 0) -> bool:
         """Steps for a cached trial and an after-window (and DALI's window before) after ``to_warm``; else done."""

@@ -159,6 +159,20 @@ def test_a_wait_the_cache_could_take_away_beyond_the_floor_is_tried_and_one_unde
     assert any("compute-bound (the loop waited for data 3%" in n for n in session.outcome.notes)
 
 
+def test_windows_before_that_say_the_loop_hardly_waited_are_confirmed_by_one_measured_now():
+    """The host ran the step 6x slower for a stretch of the fill (measured in storage_latency: 16 s), and the windows
+    pooled for the window before say the loop hardly waited. A window measured now decides: where the loop waits
+    again, the cache is tried; where it confirms, nothing is."""
+    for now_wait, tried in ((0.3, True), (0.03, False)):
+        session, switcher, labels = labelled(EIGHT, warm_after=1, fills=True)
+        session.begin(0.6, None, [(Rate(100.0, 0.01), 1.5, 0.03), (Rate(100.0, 0.01), 1.5, 0.03)])
+        window_ends(session, labels, 100.0, 0.03)  # the last filling window: the store is warm
+        assert labels[-2:] == ["window", "cache: before"] and switcher.switches == []
+        window_ends(session, labels, 400.0, now_wait)
+        assert bool(switcher.switches) == tried and all(s.cache for s in switcher.switches)
+        assert any("compute-bound (the loop waited for data 3%" in n for n in session.outcome.notes) != tried
+
+
 def test_the_users_own_loader_is_replaced_by_a_filling_copy_before_waiting():
     session, switcher = run(world_storage_bound, installed_fills=False, warm_after=100, windows=3)
     assert switcher.switches == [EIGHT] and session.state == "wait"
