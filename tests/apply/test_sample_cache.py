@@ -169,12 +169,12 @@ def test_a_sample_two_processes_make_at_once_is_stored_once_and_neither_stops_st
 
 def _mapped_bytes(path) -> int:
     """Bytes of this process's mappings of ``path`` that its page tables map (``Rss`` in ``/proc/self/smaps``)."""
-    total, inside = 0, False
+    total, inside, path = 0, False, os.path.realpath(path)  # the kernel names a mapping by its resolved path
     with open("/proc/self/smaps") as f:
         for line in f:
             fields = line.split()
             if fields and not fields[0].endswith(":"):  # a mapping's first line: range, perms, offset, dev, inode, path
-                inside = " ".join(fields[5:]) == str(path)
+                inside = " ".join(fields[5:]) == path
             elif inside and fields[0] == "Rss:":
                 total += int(fields[1]) * 1024
     return total
