@@ -91,26 +91,15 @@ def _below_everything() -> None:
 
 class IdleReader:
     """One thread of the training process that runs reads submitted to it, at ``SCHED_IDLE`` where there is one;
-    started on first use (in the process that uses it: a forked worker never reads ahead), ended by ``stop()`` -
-    after which nothing more is read ahead. A copy in another process (a spawned worker's) starts with no thread."""
+    started on first use (in the process that uses it: a forked worker never reads ahead), ended by ``stop()``."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pid: int | None = None
-        self._stopped = False
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]  # a fresh reader of the process it is unpickled in
-
-    def submit(self, read: Callable[..., Any], *args: Any) -> Future[Any] | None:
-        """``read(*args)`` in the thread; None once stopped."""
+    def submit(self, read: Callable[..., Any], *args: Any) -> Future[Any]:
         with self._lock:
-            if self._stopped:
-                return None
             if self._pool is None or self._pid != os.getpid():
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="pipeopt-read-ahead",
                                                 initializer=_below_everything)
@@ -120,6 +109,6 @@ class IdleReader:
     def stop(self) -> None:
         """Wait for a read under way, drop those not begun, and end the thread."""
         with self._lock:
-            pool, self._pool, self._stopped = self._pool, None, True
+            pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
             pool.shutdown(wait=True, cancel_futures=True)

@@ -221,9 +221,6 @@ class CachedDataset(Dataset):
         self.full = False  # this process saw the budget (or the file system) run out: it stops trying to store
         self.broken = False  # this process could not reach the store: it makes every item, as without it
 
-    def __getstate__(self) -> dict[str, Any]:  # a spawned worker's copy: reading ahead is the main process's
-        return {**self.__dict__, "ahead": None, "_pending": None}
-
     def __len__(self) -> int:
         return len(self.split)
 
@@ -258,8 +255,7 @@ class CachedDataset(Dataset):
         upcoming = None if self.ahead is None else self.ahead.upcoming()
         if upcoming is not None and self._reader is not None:
             following = [self._position(i) for i in upcoming]
-            future = self._reader.submit(self.store.get_rows, following)
-            self._pending = None if future is None else (following, future)
+            self._pending = (following, self._reader.submit(self.store.get_rows, following))
         return items
 
     def _position(self, i: Any) -> int:
