@@ -34,13 +34,12 @@ def take_index_stream(iterator: Any) -> Any:
     """Detach the main-process index stream from a running DataLoader iterator.
 
     Returns the iterator over the epoch's remaining (batches of) indices. The DataLoader iterator keeps what it
-    already dispatched to its workers - or drew ahead (``apply.read_ahead``) - delivers it, and then stops.
+    already dispatched to its workers, delivers it, and then stops.
     """
     if hasattr(iterator, "take_index_stream"):  # pipeopt's own iterators (apply/batch.py's Recut, DALI's)
         return iterator.take_index_stream()
     stream = iterator._sampler_iter
-    release = getattr(stream, "release", None)
-    iterator._sampler_iter = iter(release() if callable(release) else ())
+    iterator._sampler_iter = iter(())
     return stream
 
 

@@ -27,7 +27,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from pipeopt import _dataloader, _lightning
 from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, ResumingSampler, draw_seed, draws_each_epoch, peek_seed
-from pipeopt.apply.read_ahead import ReadAhead
 from pipeopt.apply.sample_cache import CachedDataset, SampleCache
 from pipeopt.tuning.loader_search import LoaderSettings
 
@@ -106,14 +105,9 @@ def build_loader(
 ) -> DataLoader:
     """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs; reading ``dataset``
     (the user's, wrapped by the sample cache) instead of the user's when given - with ``collate_rows`` for torch's
-    default collate where that dataset reads batches straight into their rows, and in the main process one batch
-    ahead (``apply.read_ahead``) where the epoch's order is decided at its first index."""
+    default collate where that dataset reads batches straight into their rows."""
     if user.batch_sampler is not None:
-        batches: Any = ResumingSampler(user.batch_sampler, first, before_epoch)
-        if isinstance(dataset, CachedDataset) and dataset.rows and not settings.num_workers \
-                and _dataloader.order_fixed(user):  # the main process reads the next batch while the step trains
-            batches = dataset.ahead = ReadAhead(batches)
-        drawn: dict[str, Any] = {"batch_sampler": batches}
+        drawn: dict[str, Any] = {"batch_sampler": ResumingSampler(user.batch_sampler, first, before_epoch)}
     else:  # no automatic batching: the sampler yields single indices
         drawn = {"sampler": ResumingSampler(user.sampler, first, before_epoch), "batch_size": None}
     return loader_like(

@@ -27,7 +27,6 @@ import operator
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,7 +35,6 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from pipeopt._torchvision import flatten, folder_class, is_transform, unwrap_subsets
-from pipeopt.apply.read_ahead import IdleReader, ReadAhead
 from pipeopt.apply.sample_store import SampleStore, decode, encode
 
 #: torchvision transforms that draw no random numbers and give the same output for the same input.
@@ -212,12 +210,9 @@ class CachedDataset(Dataset):
     """The user's dataset, with the cached part of each item made at most once: on a miss it is made and stored;
     when ``read``, a stored one is decoded instead of made. Items equal the user's bit for bit."""
 
-    def __init__(self, split: Split, store: SampleStore, *, read: bool, rows: bool = False,
-                 reader: IdleReader | None = None) -> None:
-        self.split, self.store, self.read, self._reader = split, store, read, reader
+    def __init__(self, split: Split, store: SampleStore, *, read: bool, rows: bool = False) -> None:
+        self.split, self.store, self.read = split, store, read
         self.rows = rows and read and split.whole  # read a batch's whole items straight into rows of its tensors
-        self.ahead: ReadAhead | None = None  # the loader's batch sampler, where it draws a batch ahead (rows only)
-        self._pending: tuple[list[int], Future[Any]] | None = None  # the batch being read ahead
         self.full = False  # this process saw the budget (or the file system) run out: it stops trying to store
         self.broken = False  # this process could not reach the store: it makes every item, as without it
 
@@ -239,24 +234,12 @@ class CachedDataset(Dataset):
         positions = [self._position(i) for i in indices]
         if self.rows and not self.broken:
             try:
-                items = self._get_rows(positions)
+                items = self.store.get_rows(positions)
             except Exception:  # the store cannot be read: made as without it, from now on
                 self.broken, items = True, None
             if items is not None:
                 return [self.split.finish(item, i) for item, i in zip(items, positions)]
         return [self[i] for i in positions]
-
-    def _get_rows(self, positions: list[int]) -> list[Any] | None:
-        """``store.get_rows(positions)`` - read ahead when they are the batch the reader was given - then the loader's
-        next batch given to the reader (``apply.read_ahead``), to be read while the step trains."""
-        pending, self._pending = self._pending, None
-        items = pending[1].result() if pending is not None and pending[0] == positions else \
-            self.store.get_rows(positions)
-        upcoming = None if self.ahead is None else self.ahead.upcoming()
-        if upcoming is not None and self._reader is not None:
-            following = [self._position(i) for i in upcoming]
-            self._pending = (following, self._reader.submit(self.store.get_rows, following))
-        return items
 
     def _position(self, i: Any) -> int:
         i = operator.index(i)
@@ -298,11 +281,10 @@ class SampleCache:
 
     def __init__(self, split: Split, store: SampleStore, *, keep: bool = False) -> None:
         self.split, self.store, self.keep = split, store, keep
-        self.reader = IdleReader()  # reads the next batch ahead for the loaders with no workers
-        self.on_close: list[Callable[[], None]] = [self.reader.stop]  # work that uses the store, stopped before it goes
+        self.on_close: list[Callable[[], None]] = []  # work that fills the store, stopped before it goes
 
     def dataset(self, *, read: bool, rows: bool = False) -> CachedDataset:
-        return CachedDataset(self.split, self.store, read=read, rows=rows, reader=self.reader)
+        return CachedDataset(self.split, self.store, read=read, rows=rows)
 
     def close(self) -> None:
         """The fit is over: what still fills the store stops, and the store is deleted, unless it is to be kept for a

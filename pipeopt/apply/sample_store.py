@@ -212,13 +212,13 @@ class SampleStore:
         if kinds is None:
             return None
         batch = [_dataloader.batch_tensor(len(records), dtype, shape) for dtype, shape in kinds]
-        rows = [t.view(-1).view(torch.uint8).numpy() for t in batch]  # each field's bytes, row after row
+        rows = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in batch]  # each field's bytes, row after row
         items = []
         for row, (offset, payload, sizes, starts) in enumerate(records):
             if sizes != records[0][2]:
                 return None
-            for whole, start, size in zip(rows, starts, sizes):  # NumPy copies outside Python's lock
-                whole[row * size:(row + 1) * size] = np.frombuffer(data, np.uint8, size, offset + start)
+            for whole, start, size in zip(rows, starts, sizes):
+                whole[row * size:(row + 1) * size] = data[offset + start:offset + start + size]
             try:
                 items.append(pickle.loads(payload, buffers=[_Row(t, row) for t in batch]))
             except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
