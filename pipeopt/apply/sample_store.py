@@ -230,8 +230,7 @@ class SampleStore:
 
     def taken(self, position: int) -> bool:
         """Stored, or being stored by some process."""
-        index, slot = self._open().index, _HEADER + 2 * position
-        return index[slot + 1] > 0 or index[slot] == _WRITING
+        return _taken(self._open().index, _HEADER + 2 * position)
 
     def missing(self) -> list[int]:
         """The positions not stored (yet, or ever: the budget may be spent)."""
@@ -250,7 +249,7 @@ class SampleStore:
         slot = _HEADER + 2 * position
         with _locked(lock_fd):
             index[_MADE + self.slot] += 1
-            if index[slot + 1] or index[slot] == _WRITING:
+            if _taken(index, slot):
                 return False
             offset = index[_END]
             if offset + len(value) > self.budget_bytes or not value:
@@ -353,6 +352,11 @@ def _tensor(dtype: str, shape: tuple[int, ...], raw: Any, cls: type = torch.Tens
         return _subclass(torch.empty(0, dtype=getattr(torch, dtype)).reshape(shape), cls, attrs)
     flat = torch.frombuffer(view if not view.readonly else bytearray(view), dtype=getattr(torch, dtype))
     return _subclass(flat.reshape(shape), cls, attrs)
+
+
+def _taken(index: Any, slot: int) -> bool:
+    """The position at ``slot`` is stored (its length published) or claimed by a writer (``_WRITING``)."""
+    return index[slot + 1] > 0 or index[slot] == _WRITING
 
 
 class _Row:
