@@ -189,38 +189,39 @@ class SampleStore:
 
     def get_rows(self, positions: Sequence[int]) -> list[Any] | None:
         """The items stored at ``positions``, each tensor in them copied straight from the store into its row of one
-        new tensor per field of the batch (``_Row``), which ``_dataloader.collate_rows`` hands on whole instead of
-        stacking: one copy of each sample's bytes in all, none of them through buffers of their own. None when one
-        of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
-        dtype or shape differs between them): the caller reads them one by one."""
+        new tensor per field of the batch, which ``_dataloader.collate_rows`` hands on whole instead of stacking: one
+        copy of each sample's bytes in all, none of them through buffers of their own. None when one of the positions
+        is not stored, or the items are not alike (a field that is not a plain tensor, or whose dtype or shape differs
+        between them): the caller reads them one by one."""
         if not positions:
             return []
         files = self._open()
         index, data = files.index, files.data
-        records = []
+        records = []  # (offset, buffers, pickle length) of each position's record
         for position in positions:
             slot = _HEADER + 2 * position
-            length, offset = index[slot + 1], index[slot]
-            if not length:
+            if not index[slot + 1]:
                 return None
-            count, payload_length = _FRAME.unpack_from(data, offset)
-            at = _FRAME.size + 8 * count
-            sizes = struct.unpack_from(f"<{count}Q", data, offset + _FRAME.size)
-            records.append((offset, bytes(data[offset + at:offset + at + payload_length]), sizes,
-                            _buffer_starts(at + payload_length, sizes)))
-        kinds = _fields(records[0][1], len(records[0][2]))
+            records.append((index[slot], *_FRAME.unpack_from(data, index[slot])))
+        first, count, first_length = records[0]
+        layout = struct.Struct(f"<{count}Q")
+        sizes, head = layout.unpack_from(data, first + _FRAME.size), _FRAME.size + 8 * count
+        kinds = _fields(data[first + head:first + head + first_length], count)
         if kinds is None:
             return None
         batch = [_dataloader.batch_tensor(len(records), dtype, shape) for dtype, shape in kinds]
-        rows = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in batch]  # each field's bytes, row after row
+        whole = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in batch]  # each field's bytes, row after row
+        views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(records)  # each row's fields
+        starts_after: dict[int, list[int]] = {}  # where the buffers start, by the length of the pickle before them
         items = []
-        for row, (offset, payload, sizes, starts) in enumerate(records):
-            if sizes != records[0][2]:
+        for row, (offset, buffers, length) in enumerate(records):
+            if buffers != count or layout.unpack_from(data, offset + _FRAME.size) != sizes:
                 return None
-            for whole, start, size in zip(rows, starts, sizes):
-                whole[row * size:(row + 1) * size] = data[offset + start:offset + start + size]
-            try:
-                items.append(pickle.loads(payload, buffers=[_Row(t, row) for t in batch]))
+            starts = starts_after.get(length) or starts_after.setdefault(length, _buffer_starts(head + length, sizes))
+            for field, start, size in zip(whole, starts, sizes):
+                field[row * size:(row + 1) * size] = data[offset + start:offset + start + size]
+            try:  # each tensor the pickle makes is its row of the batch (``_tensor``)
+                items.append(pickle.loads(data[offset + head:offset + head + length], buffers=views[row]))
             except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
                 return None
         return items
@@ -344,8 +345,13 @@ def _locked(fd: int) -> Iterator[None]:
 def _tensor(dtype: str, shape: tuple[int, ...], raw: Any, cls: type = torch.Tensor,
             attrs: dict[str, Any] | None = None) -> torch.Tensor:
     """``raw``: the tensor's bytes - a writable view into the record ``decode`` was given (the tensor then shares its
-    memory: no copy), or read-only bytes (copied: a tensor the user's code may write to)."""
-    if isinstance(raw, _Row | _Probe):  # a batch read straight from the store (``SampleStore.get_rows``)
+    memory: no copy), or read-only bytes (copied: a tensor the user's code may write to) - or, for a batch read
+    straight from the store (``SampleStore.get_rows``), the tensor itself: a row of the batch, its bytes read in."""
+    if isinstance(raw, torch.Tensor):
+        if cls is not torch.Tensor or raw.dtype != getattr(torch, dtype) or raw.shape != shape:
+            raise ValueError(f"a {cls.__name__} {dtype} {shape} does not fit the batch's row")
+        return raw
+    if isinstance(raw, _Probe):
         return raw.take(dtype, shape, cls)
     view = memoryview(raw)
     if view.nbytes == 0:
@@ -359,19 +365,6 @@ def _taken(index: Any, slot: int) -> bool:
     return index[slot + 1] > 0 or index[slot] == _WRITING
 
 
-class _Row:
-    """``_tensor``'s buffer when a batch is read straight: it makes row ``row`` of ``tensor`` (a view of it), whose
-    bytes were read into it already."""
-
-    def __init__(self, tensor: torch.Tensor, row: int) -> None:
-        self.tensor, self.row = tensor, row
-
-    def take(self, dtype: str, shape: tuple[int, ...], cls: type) -> torch.Tensor:
-        if cls is not torch.Tensor or self.tensor.dtype != getattr(torch, dtype) or self.tensor.shape[1:] != shape:
-            raise ValueError(f"a {cls.__name__} {dtype} {shape} does not fit the batch's row")
-        return self.tensor[self.row]
-
-
 class _Probe:
     """``_tensor``'s buffer when reading an item's fields: it notes the tensor's dtype and shape, if a plain one."""
 
@@ -383,7 +376,7 @@ class _Probe:
         return torch.empty(0)
 
 
-def _fields(payload: bytes, count: int) -> list[tuple[torch.dtype, tuple[int, ...]]] | None:
+def _fields(payload: bytes | memoryview, count: int) -> list[tuple[torch.dtype, tuple[int, ...]]] | None:
     """The dtype and shape of each tensor the item ``payload`` pickles holds out of band, in order; None unless every
     out-of-band buffer is a plain tensor's."""
     probes = [_Probe() for _ in range(count)]
