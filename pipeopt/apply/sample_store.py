@@ -4,8 +4,8 @@ mapped into memory, sized by a budget.
 Layout (``directory/``): ``index`` holds a header of counters and, for each dataset position, the offset and length
 of its bytes in ``data`` (a length of 0: not stored); ``data`` is written once per position, never rewritten.
 Writers reserve their bytes and claim the position under an ``flock`` on ``lock`` (the header's counters change only
-there; a process making the same sample meanwhile stores nothing), write them with ``pwrite`` and publish the
-position's length last, so a reader sees a position either absent or whole.
+there; a process making the same sample meanwhile stores nothing, unless the claim's process has died), write them
+with ``pwrite`` and publish the position's length last, so a reader sees a position either absent or whole.
 Readers take no lock and make no system call: they copy from the mapped data file (from the page cache; a ``pread``
 of a 150 KB sample from shared memory costs ~2x the copy). The process that made the store maps in each record it
 stores, while it is fresh: its first read of a page not yet mapped would fault (an epoch's first read of its
@@ -51,9 +51,6 @@ SLOTS = 64
 #: each slot made (on a miss: stored or not).
 _HEADER = 8 + SLOTS
 _END, _FILL_NS, _STORED, _UNSTORED, _LENGTH, _BUDGET, _MADE = 1, 2, 3, 4, 5, 6, 8
-#: A position's offset while some process writes its bytes (no record has it): another making the same sample
-#: meanwhile stores nothing.
-_WRITING = -1
 #: ``madvise`` advice that maps a range's pages into the calling process's page tables (Linux 5.14 and later; Python
 #: names it from 3.13 only). None: not on Linux.
 _POPULATE_READ: int | None = getattr(mmap, "MADV_POPULATE_READ", 22) if sys.platform == "linux" else None
@@ -256,7 +253,7 @@ class SampleStore:
             if offset + len(value) > self.budget_bytes or not value:
                 index[_UNSTORED] += 1
                 return False
-            index[_END], index[slot] = offset + len(value), _WRITING
+            index[_END], index[slot] = offset + len(value), -os.getpid()  # claimed
         try:
             written = os.pwrite(files.data_fd, value, offset)
         except OSError as error:
@@ -361,8 +358,21 @@ def _tensor(dtype: str, shape: tuple[int, ...], raw: Any, cls: type = torch.Tens
 
 
 def _taken(index: Any, slot: int) -> bool:
-    """The position at ``slot`` is stored (its length published) or claimed by a writer (``_WRITING``)."""
-    return index[slot + 1] > 0 or index[slot] == _WRITING
+    """The position at ``slot`` is stored (its length published) or claimed: while a process writes its bytes, the
+    position's offset is minus that process's id, and another process making the same sample meanwhile stores nothing.
+    A claim whose process is gone (killed mid-write: a worker of a trial that hung, say) is void - its reserved
+    bytes stay unused, and the next process to make the sample stores it."""
+    return index[slot + 1] > 0 or (index[slot] < 0 and _running(-index[slot]))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # sends nothing: raises when no process has the id
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
 
 
 class _Probe:

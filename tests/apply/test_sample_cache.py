@@ -167,6 +167,30 @@ def test_a_sample_two_processes_make_at_once_is_stored_once_and_neither_stops_st
     assert writer.stats().stored == 2 and writer.has(4)
 
 
+def _claim_and_die(store, record) -> None:  # a worker killed while it writes a sample's bytes
+    def killed(fd, data, offset):
+        os._exit(1)
+
+    os.pwrite = killed
+    store.put(5, record, time.thread_time_ns())
+
+
+def test_a_sample_whose_writer_died_mid_write_is_stored_by_the_next_process_to_make_it(tmp_path):
+    """A claim outlives a process killed while writing: without voiding it, the sample would never be stored and be
+    made again every epoch."""
+    dataset = Counted()
+    cached = CachedDataset(plan(dataset), SampleStore(tmp_path / "s", 64, 1 << 20), read=True)
+    child = multiprocessing.get_context("fork").Process(target=_claim_and_die,
+                                                          args=(cached.store, encode(dataset[5])))
+    child.start()
+    child.join()
+    assert child.exitcode == 1 and not cached.store.has(5) and not cached.store.taken(5)
+    assert _equal(cached[5], dataset[5]) and cached.store.has(5) and cached.store.stats().stored == 1
+    expected = dataset[5]
+    made = dataset.made
+    assert _equal(cached[5], expected) and dataset.made == made  # read from the store from now on
+
+
 def _mapped_bytes(path) -> int:
     """Bytes of this process's mappings of ``path`` that its page tables map (``Rss`` in ``/proc/self/smaps``)."""
     total, inside, path = 0, False, os.path.realpath(path)  # the kernel names a mapping by its resolved path
