@@ -11,6 +11,7 @@ a real training step, in the same data order), keeps the fastest and prints the 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import pytorch_lightning as pl
@@ -69,6 +70,7 @@ def main() -> None:
         accelerator="auto",
         devices=1,
         max_steps=args.steps,
+        max_epochs=math.ceil(args.steps / len(loader)),  # the epoch max_steps ends in (the progress bar shows it)
         callbacks=[PipeOpt(window=20, warmup=5, cost_per_hour=args.cost_per_hour)],
         logger=False,
         enable_checkpointing=False,
