@@ -1,8 +1,9 @@
 """The torch DataLoader seams (pipeopt._dataloader): ready batches counted, failed workers ended at once, which
-samplers' epochs may be read ahead."""
+samplers' epochs may be read ahead, batch memory used again."""
 
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -112,3 +113,28 @@ def test_reading_a_shuffled_epoch_ahead_changes_neither_its_order_nor_the_random
 
     (order, rng), (order_ahead, rng_ahead) = epoch(False), epoch(True)
     assert order_ahead == order and torch.equal(rng_ahead, rng)
+
+
+@pytest.mark.parametrize("hold, read", [
+    (lambda batch: batch, lambda held: held),
+    (lambda batch: batch[1:], lambda held: held),
+    (lambda batch: batch.numpy(), torch.from_numpy),
+    (lambda batch: memoryview(batch.numpy()), lambda held: torch.from_numpy(np.asarray(held))),
+    (lambda batch: batch.untyped_storage(), lambda held: torch.empty(0).set_(held)),
+], ids=["tensor", "view", "array", "memoryview", "storage"])
+def test_a_batchs_memory_is_used_again_only_once_nothing_refers_to_it(hold, read):
+    """The training process keeps the memory of the batches the sample store reads for later ones (fresh memory
+    faults on each page): never while anything made from a batch is still held."""
+    buffers = _dataloader.BatchBuffers()
+    batch = buffers.tensor(4, torch.float32, (8,))
+    memory = batch.data_ptr()
+    held = hold(batch.fill_(7.0))
+    del batch
+    other = buffers.tensor(4, torch.float32, (8,))
+    assert other.data_ptr() != memory
+    other.fill_(0.0)
+    assert bool((read(held) == 7.0).all())
+    del held, other
+    elsewhere = [torch.empty(4, 8) for _ in range(4)]  # memory freed meanwhile goes to these
+    assert buffers.tensor(4, torch.float32, (8,)).data_ptr() == memory  # kept, and nothing refers to it any more
+    assert all(t.data_ptr() != memory for t in elsewhere)

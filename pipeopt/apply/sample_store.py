@@ -150,6 +150,7 @@ class SampleStore:
         self.budget_bytes = int.from_bytes(header_bytes[8 * _BUDGET:8 * _BUDGET + 8], "little", signed=True)
         self._pid: int | None = None
         self._files: _Files | None = None
+        self._batches = _dataloader.BatchBuffers()  # the memory of the batches get_rows reads, used again
         alive = os.open(self.directory / "alive", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(alive, fcntl.LOCK_SH)  # held (until this process closes it), the store is in use
         self._alive: tuple[int, int] | None = (os.getpid(), alive)
@@ -164,7 +165,7 @@ class SampleStore:
                 "slot": self.slot}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _pid=None, _files=None, _alive=None)
+        self.__dict__.update(state, _pid=None, _files=None, _alive=None, _batches=_dataloader.BatchBuffers())
 
     def _open(self) -> _Files:
         """This process's view of the store's files (opened on first use in each process)."""
@@ -186,10 +187,11 @@ class SampleStore:
 
     def get_rows(self, positions: Sequence[int]) -> list[Any] | None:
         """The items stored at ``positions``, each tensor in them copied straight from the store into its row of one
-        new tensor per field of the batch, which ``_dataloader.collate_rows`` hands on whole instead of stacking: one
-        copy of each sample's bytes in all, none of them through buffers of their own. None when one of the positions
-        is not stored, or the items are not alike (a field that is not a plain tensor, or whose dtype or shape differs
-        between them): the caller reads them one by one."""
+        tensor per field of the batch, which ``_dataloader.collate_rows`` hands on whole instead of stacking: one copy
+        of each sample's bytes in all, none of them through buffers of their own, into memory used for batches before
+        where it is free (``_dataloader.BatchBuffers``: fresh memory faults on each page). None when one of the
+        positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose dtype or
+        shape differs between them): the caller reads them one by one."""
         if not positions:
             return []
         files = self._open()
@@ -206,7 +208,7 @@ class SampleStore:
         kinds = _fields(data[first + head:first + head + first_length], count)
         if kinds is None:
             return None
-        batch = [_dataloader.batch_tensor(len(records), dtype, shape) for dtype, shape in kinds]
+        batch = [self._batches.tensor(len(records), dtype, shape) for dtype, shape in kinds]
         whole = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in batch]  # each field's bytes, row after row
         views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(records)  # each row's fields
         starts_after: dict[int, list[int]] = {}  # where the buffers start, by the length of the pickle before them
@@ -302,6 +304,7 @@ class SampleStore:
             os.close(self._alive[1])
             self._alive = None
         self._files, self._pid = None, None
+        self._batches.clear()
 
     def remove(self) -> None:
         """Close and delete the store's files."""

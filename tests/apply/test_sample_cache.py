@@ -391,6 +391,26 @@ def test_whole_items_read_a_batch_at_a_time_collate_to_the_same_batches_bit_for_
     cache.close()
 
 
+def test_a_batch_read_from_the_store_is_never_written_over_while_it_is_held(tmp_path):
+    """The memory of the batches read straight from the store is used again for later ones, once dropped: one held
+    (past more reads than that memory has batches) keeps what it was read with."""
+    dataset = Counted()
+    cache = _filled(tmp_path, dataset)
+    reader = cache.dataset(read=True, rows=True)
+
+    def read(positions):
+        return _dataloader.collate_rows(reader.__getitems__(positions))["x"]
+
+    first = read([1, 2, 3])
+    memory = first.data_ptr()
+    later = [read([4, 5, 6]) for _ in range(6)]
+    assert torch.equal(first, torch.stack([dataset[i]["x"] for i in (1, 2, 3)]))
+    assert all(torch.equal(t, torch.stack([dataset[i]["x"] for i in (4, 5, 6)])) for t in later)
+    del first, later
+    assert read([7, 8, 9]).data_ptr() == memory  # dropped: its memory is read into again
+    cache.close()
+
+
 def test_a_batch_the_store_cannot_read_whole_is_read_item_by_item(tmp_path):
     """A position not stored (made and stored on the way), items whose fields differ, a field that is not a plain
     tensor: the batch is read as before, item by item, and the collate stacks it as torch does."""
