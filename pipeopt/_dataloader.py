@@ -252,10 +252,11 @@ class BatchBuffers:
         self._buffers[nbytes] = kept  # now the size used last
         while len(self._buffers) > self.sizes:
             del self._buffers[next(iter(self._buffers))]
+        for unheld in [object()]:  # what Python counts of an object only a list holds, seen from this loop
+            alone = sys.getrefcount(unheld)
         for storage in kept:
-            # free: its own object is torch's only owner of it, and only this pool (this list, the loop, the call)
-            # refers to that object
-            if owners(storage._cdata) == 1 and sys.getrefcount(storage) == 3 and storage.nbytes() >= nbytes:
+            # free: its own object is torch's only owner of it, and nothing but this pool refers to that object
+            if owners(storage._cdata) == 1 and sys.getrefcount(storage) == alone and storage.nbytes() >= nbytes:
                 return storage
         if len(kept) < self.kept:
             kept.append(torch.UntypedStorage(nbytes))
