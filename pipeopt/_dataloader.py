@@ -229,11 +229,12 @@ class BatchBuffers:
         default collate makes it there, so that handing it to the main process copies nothing); else on a kept
         buffer that is free, where torch can tell."""
         import torch
+        from torch.utils.data import get_worker_info
 
-        if not _in_training_process():
+        if get_worker_info() is not None:
             return _shared_tensor(rows, dtype, shape)
         size = (rows, *shape)
-        nbytes = int(torch.Size(size).numel()) * torch.empty(0, dtype=dtype).element_size()
+        nbytes = int(torch.Size(size).numel()) * dtype.itemsize
         storage = self._free(nbytes)
         if storage is None:
             return torch.empty(size, dtype=dtype)
@@ -265,12 +266,6 @@ class BatchBuffers:
 
     def clear(self) -> None:
         self._buffers.clear()
-
-
-def _in_training_process() -> bool:
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is None
 
 
 def _shared_tensor(rows: int, dtype: Any, shape: tuple[int, ...]) -> Any:
