@@ -24,7 +24,7 @@ from pipeopt.config import PipeOptConfig
 from pipeopt.measure.window import WindowMeter
 from pipeopt.report.model import SampleCacheFigures
 from pipeopt.tuning.agreement import ReduceMax
-from pipeopt.tuning.cache_session import CacheSession
+from pipeopt.tuning.cache_session import CacheSession, best_speedup
 from pipeopt.tuning.loader_search import LoaderSettings
 from pipeopt.tuning.session import TrialWindows
 
@@ -89,13 +89,13 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
 
     # Windows at least CACHE_WINDOW_S_FACTOR x window_s long: workers that each wait long on storage deliver their
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
-    left = steps_left(trainer)
-    windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None, steps_left=left)
+    windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None,
+                           steps_left=steps_left(trainer))
     # The loader search stops once the store holds an epoch of whole items: more workers would only share work the
     # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
-                           steps_left=left, alone_first=split.whole, quiet=ahead.quiet,
+                           alone_first=split.whole, quiet=ahead.quiet,
                            to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
@@ -287,4 +287,4 @@ class CacheLedger:
         return SampleCacheFigures(
             cached=cache.split.describe(), directory=str(cache.store.directory), kept=session.kept is not None,
             stored=stats.stored, length=stats.length, bytes_used=stats.bytes_used, budget_bytes=stats.budget_bytes,
-            fill_s=stats.fill_s, trial_speedup=session.trial_speedup, epochs=list(self.epochs))
+            fill_s=stats.fill_s, trial_speedup=best_speedup(session.trials, session.before), epochs=list(self.epochs))

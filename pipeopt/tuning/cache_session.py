@@ -28,6 +28,9 @@ of finishing a window of the slow settings first. Then, on the live run:
    main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
    run does (workers could only share a wait that is no longer there). Last, the cached setting that would be
    chosen, where it has workers, once more at the usual priority (kept at a tie: nothing changes that need not);
+   Each cached trial's window is measured in parts (``TRIAL_PARTS``); a trial whose parts so far are slower beyond
+   noise than ``before`` or another cached trial stops there: it could not be chosen, and on a window sized at the
+   pace of the trial before it (``TrialWindows``), a slow trial's remaining parts would only cost the fit time;
 4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers,
    then workers not giving way) no other cached trial beats beyond noise, confirmed by an after-window against
    ``before`` (once more when too close to call); otherwise the settings in place stay.
@@ -46,11 +49,13 @@ from pipeopt.measure.window import WindowStats
 from pipeopt.tuning.agreement import ANY, ReduceMax, agree, agreed
 from pipeopt.tuning.findings import Change, Outcome
 from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, INPUT_SOLVED_WAIT, LoaderSettings
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, combine, faster
-from pipeopt.tuning.session import Agreed, Switcher, TrialWindows, first_line
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster, measured
+from pipeopt.tuning.session import Agreed, Switcher, TrialWindows, after_verdict, first_line, not_faster, settled
 
 #: At most this many trials between the workers in place and the main process alone.
 MAX_FEWER = 3
+#: A cached trial's window is measured in up to this many parts, judged at the end of each (``CacheSession``).
+TRIAL_PARTS = 5
 
 
 class CachePhase(str, Enum):
@@ -67,6 +72,11 @@ class CacheTrial:
     rate: Rate | None  # None: its loader failed
     data_wait_frac: float | None = None
     error: str | None = None
+    stopped: str | None = None  # why it stopped before its window's end (``PartedTrial``)
+
+    def describe(self) -> str:
+        return (f"cache trial: {self.settings.describe()} -> "
+                + (f"{self.rate.value:,.1f} samples/s" if self.rate else f"failed ({self.error})"))
 
 
 @dataclass(frozen=True)
@@ -79,21 +89,21 @@ class CacheSession:
 
     def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
-                 say: Callable[[str], None] = lambda line: None, steps_left: Callable[[], int | None] = lambda: None,
-                 prepare: Callable[[], str | None] = lambda: None, alone_first: bool = False,
-                 holds_epoch: Callable[[], bool] | None = None, quiet: Callable[[], bool] = lambda: True,
-                 to_warm: Callable[[], int] = lambda: 0) -> None:
+                 say: Callable[[str], None] = lambda line: None, prepare: Callable[[], str | None] = lambda: None,
+                 alone_first: bool = False, holds_epoch: Callable[[], bool] | None = None,
+                 quiet: Callable[[], bool] = lambda: True, to_warm: Callable[[], int] = lambda: 0) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended
         self._quiet, self._alone_first = quiet, alone_first
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
-        self._agree, self._floor, self._say, self._steps_left, self._to_warm = agree, floor, say, steps_left, to_warm
+        self._agree, self._floor, self._say, self._to_warm = agree, floor, say, to_warm  # (the steps left: windows')
         self.state, self.started, self._epoch_began = CachePhase.WAIT, False, False
         self.baseline: LoaderSettings = switcher.current
         self._cached_base = self._applied = switcher.current  # (what a cached trial changes: under DALI the filler)
         self._pending: WindowStats | None = None
+        self._trial: PartedTrial | None = None  # the trial in place
         self._filling: list[tuple[Rate, float, float]] = []  # the settings in place while waiting: rate, s, wait
         self._failure: BaseException | None = None
         self.before: Rate | None = None
@@ -175,7 +185,7 @@ class CacheSession:
         elif self.state is CachePhase.BEFORE:
             self._on_before(measured, figures.data_wait_frac)
         elif self.state is CachePhase.TRIAL:
-            self._on_trial(measured, figures.data_wait_frac, error)
+            self._on_trial(measured, figures.data_wait_frac, figures.step_time_s * stats.steps, error)
         else:
             self.after = stats
             self._on_after(measured)
@@ -194,7 +204,7 @@ class CacheSession:
 
     def _room(self, to_warm: int = 0) -> bool:
         """Steps for a cached trial and an after-window (and DALI's window before) after ``to_warm``; else done."""
-        left = self._steps_left()
+        left = self._windows.steps_left()
         cached = dataclasses.replace(self._cached_base, cache=True)
         need = self._windows.trial_steps(self._applied, cached) + (self._windows.window if self.baseline.dali else 0)
         if left is not None and left < need + to_warm:
@@ -213,12 +223,15 @@ class CacheSession:
         self._try((self._fits(cached_with(self._cached_base, 0)) if alone else None)
                   or cached_with(self._cached_base, self._cached_base.num_workers))
 
-    def _on_trial(self, rate: Rate | None, wait: float | None, error: BaseException | None) -> None:
-        settings = self._applied
-        failed = (first_line(error) if error else "a loader worker failed on another rank") if rate is None else None
-        self.trials.append(CacheTrial(settings, rate, wait, failed))
-        self._say(f"cache trial: {settings.describe()} -> "
-                  + (f"{rate.value:,.1f} samples/s" if rate else f"failed ({failed})"))
+    def _on_trial(self, rate: Rate | None, wait: float, seconds: float, error: BaseException | None) -> None:
+        """A part of the trial in place ended: its next part (``PartedTrial``), or the next trial, or the choice."""
+        trial = self._trial.ended(rate, seconds, wait, error, self.before, self.trials,
+                                  self._floor) if self._trial else None
+        if trial is None:
+            return
+        self.trials.append(trial)
+        self.outcome.notes.extend([trial.stopped] if trial.stopped else [])
+        self._say(trial.describe())
         following = next_trial(self.trials, self.before, self._cached_base, self._floor)
         following = following and self._fits(following)
         if following is None:
@@ -227,8 +240,8 @@ class CacheSession:
             self._try(following)
 
     def _fits(self, settings: LoaderSettings) -> LoaderSettings | None:
-        """``settings``; None when the fit has no room for their trial and after-window."""
-        left, tried = self._steps_left(), [t.settings for t in self.trials if t.rate is not None]  # may be chosen
+        """``settings``; None when the fit has no room for their trial and after-windows (of them or a trial before)."""
+        left, tried = self._windows.steps_left(), [t.settings for t in self.trials if t.rate is not None]
         return settings if left is None or left >= self._windows.trial_steps(self._applied, settings, tried) else None
 
     def _choose(self) -> None:
@@ -253,18 +266,17 @@ class CacheSession:
             self._finish("the chosen loader's workers failed in the after-window")
             return
         self._after.append(rate)
-        after = self._after[0] if len(self._after) == 1 else combine(*self._after[:2])
-        if faster(after, before, self._floor):
+        verdict, after = after_verdict(self._after, before, self._floor), measured(settled(self._after))
+        if verdict == "kept":
             self.outcome.changes = kept_changes(chosen, self.baseline, after, before, self.trials)
             self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
             self._say(f"kept {chosen.settings.describe()}")
             self.state = CachePhase.DONE
-        elif len(self._after) < 2:
+        elif verdict == "again":
             self._windows.measure("cache: after", 0, self._applied)
         else:
             self.after = None
-            self._finish(f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not "
-                         "faster beyond noise")
+            self._finish(not_faster(after, before))
 
     def _finish(self, why: str) -> None:
         """Not kept: the settings in place before the cache session, again."""
@@ -281,7 +293,9 @@ class CacheSession:
         self.state = CachePhase.DONE
 
     def _try(self, settings: LoaderSettings) -> None:
-        self._apply(settings, f"cache trial: {settings.describe()}")
+        previous, self._applied = self._applied, settings
+        self._switcher.switch(settings)
+        self._trial = PartedTrial(self._windows, settings, previous.in_flight + settings.in_flight)
         self.state = CachePhase.TRIAL
 
     def _apply(self, settings: LoaderSettings, label: str) -> None:
@@ -321,9 +335,36 @@ class CacheSession:
     def kept(self) -> LoaderSettings | None:
         return self.chosen.settings if self.state is CachePhase.DONE and self.outcome.changes and self.chosen else None
 
-    @property
-    def trial_speedup(self) -> float | None:
-        return best_speedup(self.trials, self.before)
+
+class PartedTrial:
+    """A cached trial's window measured in parts (``TrialWindows.measure_parts``, the first at once), judged at the
+    end of each: it ends with its window, or as soon as its parts so far are slower beyond noise than a rate it must
+    beat (it could not be chosen: the rest of its window would only cost the fit time)."""
+
+    def __init__(self, windows: TrialWindows, settings: LoaderSettings, skip: int) -> None:
+        self.settings, self._windows, self.label = settings, windows, f"cache trial: {settings.describe()}"
+        self.part, self.count = windows.measure_parts(self.label, skip, settings, TRIAL_PARTS)
+        self.parts: list[tuple[Rate, float, float]] = []  # each part's rate, seconds and data wait
+
+    def ended(self, rate: Rate | None, seconds: float, wait: float, error: BaseException | None, before: Rate | None,
+              trials: list[CacheTrial], floor: float) -> CacheTrial | None:
+        """A part ended (``rate`` over ``seconds``, waiting ``wait`` of them; None: it failed, with ``error`` where
+        this rank saw it). None while the next part is measured; else the trial: its parts as one (``pool``), and
+        why it stopped before its window's end - slower beyond noise than ``before`` or one of the cached
+        ``trials``."""
+        if rate is None:
+            failed = first_line(error) if error else "a loader worker failed on another rank"
+            return CacheTrial(self.settings, None, wait, failed)
+        self.parts.append((rate, seconds, wait))
+        rate, wait = pool(self.parts)
+        done = len(self.parts)
+        why = beaten_by(rate, before, trials, floor) if done < self.count else None
+        if done < self.count and why is None:
+            self._windows.measure_part(self.label, self.part)
+            return None
+        stopped = why and (f"cache trial {self.settings.describe()} stopped after {done} of its {self.count} parts of "
+                           f"{self.part} steps: {rate.value:,.1f} samples/s, slower beyond noise than {why}")
+        return CacheTrial(self.settings, rate, wait, stopped=stopped)
 
 
 def ended_early(state: CachePhase, chosen: CacheTrial | None, applied: LoaderSettings) -> str:
@@ -365,21 +406,34 @@ def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, befo
 
 
 def pool_recent(windows: list[tuple[Rate, float, float]], seconds: float) -> tuple[Rate, float] | None:
-    """The most recent of ``windows`` (rate, seconds, data wait) that together span ``seconds``, as one: their
-    time-weighted rate and wait, with the larger of their pooled standard error and their spread's; None when all
-    of them span less."""
+    """The most recent of ``windows`` (rate, seconds, data wait) that together span ``seconds``, as one
+    (``pool``); None when all of them span less."""
     taken: list[tuple[Rate, float, float]] = []
     for window in reversed(windows):
         taken.append(window)
         if sum(d for _, d, _ in taken) >= seconds:
             break
     total = sum(d for _, d, _ in taken)
-    if not taken or total < seconds or total <= 0:
-        return None
+    return pool(taken) if taken and total >= seconds and total > 0 else None
+
+
+def pool(taken: list[tuple[Rate, float, float]]) -> tuple[Rate, float]:
+    """Windows (rate, seconds, data wait) as one: their time-weighted rate and wait, with the larger of their
+    pooled standard error and their spread's."""
+    total = sum(d for _, d, _ in taken)
     value = sum(r.value * d for r, d, _ in taken) / total
     pooled_se = math.sqrt(sum((r.value * d * r.rel_se) ** 2 for r, d, _ in taken)) / (value * total)
     spread = statistics.stdev(r.value for r, _, _ in taken) / math.sqrt(len(taken)) / value if len(taken) > 1 else 0.0
     return Rate(value, max(pooled_se, spread)), sum(w * d for _, d, w in taken) / total
+
+
+def beaten_by(rate: Rate, before: Rate | None, trials: list[CacheTrial], floor: float) -> str | None:
+    """What is faster beyond noise than ``rate``: the window before, or a cached trial (named); None when nothing
+    is."""
+    if before is not None and faster(before, rate, floor):
+        return "the window before"
+    return next((f"the cached trial {t.settings.describe()}" for t in trials
+                 if t.rate is not None and faster(t.rate, rate, floor)), None)
 
 
 def following(trials: list[CacheTrial], before: Rate | None, in_place: int, floor: float) -> int | None:

@@ -125,11 +125,27 @@ class TrialWindows:
         if settings is None:
             self.reset_meter(label, skip, 0, 5)
             return
+        self.reset_meter(label, skip, *self._sized(settings, skip))
+
+    def measure_parts(self, label: str, skip: int, settings: LoaderSettings, parts: int) -> tuple[int, int]:
+        """``measure``'s window for ``settings`` cut into up to ``parts`` windows of at least ``window`` steps (not a
+        window of whole epochs), which together hold at least as many steps: the first one measured now, the rest
+        by ``measure_part``, so that a trial can be judged before its end. Each part's steps, and how many."""
+        length, blocks = self._sized(settings, skip)
+        part = length if blocks != 5 else max(self.window, -(-length // parts))
+        self.reset_meter(label, skip, part, blocks)
+        return part, -(-length // part)
+
+    def measure_part(self, label: str, steps: int) -> None:
+        """The next part of a window cut by ``measure_parts``: ``steps`` more, at once."""
+        self.reset_meter(label, 0, steps, 5)
+
+    def _sized(self, settings: LoaderSettings, skip: int) -> tuple[int, int]:
         length, blocks = self._shape(settings)
         left = self.steps_left()
         if left is not None and blocks == 5:  # (whole-epoch windows are sized by epochs, not seconds)
             length = max(self.window, settings.in_flight, min(length, (left - skip) // 3))
-        self.reset_meter(label, skip, length, blocks)
+        return length, blocks
 
     def trial_steps(self, applied: LoaderSettings, candidate: LoaderSettings,
                     tried: Iterable[LoaderSettings] = ()) -> int:
@@ -164,6 +180,27 @@ class TrialWindows:
         return length, 5
 
 
+def settled(rates: list[Rate]) -> Rate | None:
+    """Windows of one setting measured one after another: the first one's rate, or the first two's combined (the
+    second is measured only when the first is too close to call); None before any."""
+    return combine(*rates[:2]) if len(rates) > 1 else (rates[0] if rates else None)
+
+
+def after_verdict(rates: list[Rate], before: Rate | None, floor: float) -> str:
+    """A change's after-windows so far (``rates``) against the window before it (None: nothing to beat): "kept"
+    when their rate (``settled``) is faster beyond noise, else "again" (one more window) after the first and "not"
+    after the second."""
+    after = settled(rates)
+    if before is None or (after is not None and faster(after, before, floor)):
+        return "kept"
+    return "again" if len(rates) < 2 else "not"
+
+
+def not_faster(after: Rate, before: Rate) -> str:
+    """Why a change whose after-windows read ``after`` was not kept."""
+    return f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not faster beyond noise"
+
+
 @dataclass
 class CachedCheck:
     """A configuration cached by an earlier run of this fit, checked against the rate it had then: it verifies when
@@ -188,7 +225,7 @@ class CachedCheck:
 
     @property
     def measured(self) -> Rate | None:
-        return combine(*self.rates[:2]) if len(self.rates) > 1 else (self.rates[0] if self.rates else None)
+        return settled(self.rates)
 
     @property
     def shortfall(self) -> str:
@@ -342,16 +379,13 @@ class LoaderSession:
                          f"({first_line(failure) if failure else 'on another rank'})")
             return
         self._after_rates.append(agreed.rate)
-        before = self.before_rate
-        after = self._after_rates[0] if len(self._after_rates) == 1 else combine(*self._after_rates[:2])
-        if before is None or faster(after, before, self._floor):
+        verdict = after_verdict(self._after_rates, self.before_rate, self._floor)
+        if verdict == "kept":
             self._keep()
-            return
-        if len(self._after_rates) < 2:  # within noise: measure once more before giving up
+        elif verdict == "again":  # within noise: measure once more before giving up
             self._windows.measure("after", 0, self._applied)
-            return
-        self._revert(f"after the change {after.value:,.1f} samples/s against {before.value:,.1f} before - not "
-                     "faster beyond noise")
+        else:
+            self._revert(not_faster(measured(settled(self._after_rates)), measured(self.before_rate)))
 
     def _revert(self, why: str) -> None:
         self._back_to_user("reverted")

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from pipeopt.tuning.cache_session import CacheSession, pool_recent
+from pipeopt.tuning.cache_session import CacheSession, best_speedup, pool_recent
 from pipeopt.tuning.loader_search import LoaderSettings
 from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.session import Agreed, TrialWindows
@@ -86,7 +86,7 @@ def test_the_cache_is_tried_once_the_store_is_warm_and_kept_with_fewer_workers()
     assert knobs == {"cache": (False, True), "num_workers": (8, 2)}
     cache_change = session.outcome.changes[0]
     assert cache_change.predicted_speedup == 2.5 and cache_change.measured_speedup == 2.5
-    assert session.trial_speedup == 2.5
+    assert best_speedup(session.trials, session.before) == 2.5
 
 
 def test_the_window_in_which_the_store_turns_warm_is_the_window_before():
@@ -240,8 +240,8 @@ def test_under_dali_the_loader_searchs_windows_of_dali_are_the_window_before():
 def test_no_cache_trial_starts_that_the_fit_cannot_finish():
     switcher = FakeSwitcher()
     switcher.current = EIGHT
-    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20), warm=lambda: True,
-                           fills=lambda: True, steps_left=lambda: 40)
+    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20, steps_left=lambda: 40),
+                           warm=lambda: True, fills=lambda: True)
     session.begin(0.6)
     session.on_window(make_window(samples_per_s=400.0, data_wait_frac=0.6, rate_rel_se=0.01))
     session.on_step_end()
@@ -256,8 +256,9 @@ def test_under_dali_no_store_is_filled_that_the_fit_could_not_try_after_the_epoc
     for left, filled in ((400, True), (150, False)):
         switcher = FakeSwitcher()
         switcher.current = dali
-        session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20), warm=lambda: False,
-                               fills=lambda: False, steps_left=lambda left=left: left, to_warm=lambda: 100)
+        session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20,
+                                                              steps_left=lambda left=left: left),
+                               warm=lambda: False, fills=lambda: False, to_warm=lambda: 100)
         session.begin(0.3, two)
         filler = dataclasses.replace(two, cache=True)
         assert switcher.switches == ([filler] if filled else []) and (session.state == "done") != filled
@@ -450,3 +451,45 @@ def test_cached_workers_give_way_and_the_choice_is_tried_last_at_the_usual_prior
     session, switcher = run(equal)
     assert session.kept == dataclasses.replace(EIGHT, num_workers=2, cache=True)
     assert "give_way" not in {c.knob for c in session.outcome.changes}
+
+
+def _parts_tried(world):
+    """The labels of the windows a session measured in ``world`` (whole items, the main process alone first), each
+    trial's window asking for 10 s - five parts of 20 steps at 100 ms a step."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=10.0),
+                           warm=lambda: True, fills=lambda: True, alone_first=True)
+    session.begin(0.6)
+    for _ in range(40):
+        if session.state == "done":
+            break
+        rate, wait = world(switcher.current)
+        session.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01))
+        session.on_step_end()
+    return session, [label.split(",")[0] for label in labels]
+
+
+def test_a_cached_trial_slower_beyond_noise_than_another_stops_after_its_first_part():
+    """The main process alone reads the store at 1000/s but still waits, so the 8 workers are tried: their first
+    part reads 500/s, slower beyond noise than the main process alone - the rest of their window is not measured,
+    the report says so, and the main process alone is kept. A trial within noise of the best runs its whole
+    window."""
+    def world(settings, workers_rate):
+        if settings.cache:
+            return (1000.0, 0.2) if settings.num_workers == 0 else (workers_rate, 0.1)
+        return 400.0, 0.6
+
+    session, labels = _parts_tried(lambda settings: world(settings, 500.0))
+    assert labels.count("cache trial: num_workers=0") == 5  # beats the window before: every part
+    assert labels.count("cache trial: num_workers=8") == 1  # beaten by the main process alone after one part
+    assert session.kept is not None and session.kept.num_workers == 0
+    assert session.trials[1].rate is not None and session.trials[1].rate.value == 500.0
+    assert any("stopped after 1 of its 5 parts of 20 steps" in note and "num_workers=0" in note.split("than")[-1]
+               for note in session.outcome.notes)
+
+    session, labels = _parts_tried(lambda settings: world(settings, 980.0))  # within the 5 % floor
+    assert labels.count("cache trial: num_workers=8") == 5
+    assert not any("stopped after" in note for note in session.outcome.notes)
