@@ -27,7 +27,7 @@ of finishing a window of the slow settings first. Then, on the live run:
    three). Where the store holds whole items (``alone_first``: nothing left to do per sample but read it), the
    main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
    run does (workers could only share a wait that is no longer there). Last, the cached setting that would be
-   chosen, where it has workers, once more at the usual priority (kept at a tie: nothing changes that need not);
+   chosen, where it has workers, once more at the usual priority (kept at a tie: nothing changes that need not).
    Each cached trial's window is measured in parts (``TRIAL_PARTS``); a trial whose parts so far are slower beyond
    noise than ``before`` or another cached trial stops there: it could not be chosen, and on a window sized at the
    pace of the trial before it (``TrialWindows``), a slow trial's remaining parts would only cost the fit time;
