@@ -128,13 +128,15 @@ class TrialWindows:
         self.reset_meter(label, skip, *self._sized(settings, skip))
 
     def measure_parts(self, label: str, skip: int, settings: LoaderSettings, parts: int) -> tuple[int, int]:
-        """``measure``'s window for ``settings`` cut into up to ``parts`` windows of at least ``window`` steps (not a
-        window of whole epochs), which together hold at least as many steps: the first one measured now, the rest
-        by ``measure_part``, so that a trial can be judged before its end. Each part's steps, and how many."""
+        """``measure``'s window for ``settings`` cut into up to ``parts`` windows of equal length, at least ``window``
+        steps each (a window of whole epochs is not cut), which together hold as many steps (fewer than a step more
+        a part): the first one measured now, the rest by ``measure_part``, so that a trial can be judged before its
+        end. Each part's steps, and how many."""
         length, blocks = self._sized(settings, skip)
-        part = length if blocks != 5 else max(self.window, -(-length // parts))
+        count = 1 if blocks != 5 else max(1, min(parts, length // self.window))
+        part = -(-length // count)
         self.reset_meter(label, skip, part, blocks)
-        return part, -(-length // part)
+        return part, count
 
     def measure_part(self, label: str, steps: int) -> None:
         """The next part of a window cut by ``measure_parts``: ``steps`` more, at once."""

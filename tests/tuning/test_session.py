@@ -336,7 +336,7 @@ def test_more_workers_kept_on_a_climb_say_so_in_the_changes_reason():
     assert "the cheapest setting" not in reason  # 9 was not the cheapest setting no trial beat
 
 
-def test_a_window_in_parts_holds_at_least_the_steps_of_the_whole_window_and_never_cuts_whole_epochs():
+def test_a_window_in_parts_holds_the_steps_of_the_whole_window_and_never_cuts_whole_epochs():
     shapes: list[tuple] = []
     windows = TrialWindows(lambda label, skip, length, blocks: shapes.append((skip, length, blocks)), window=20,
                            min_window_s=2.9)
@@ -346,6 +346,8 @@ def test_a_window_in_parts_holds_at_least_the_steps_of_the_whole_window_and_neve
     windows.measure_part("trial", 58)
     assert shapes[-1] == (0, 58, 5)  # the next part at once: no skip
     windows.last_step_s = 0.05  # 58 steps: parts of a fifth would be under `window`
-    assert windows.measure_parts("trial", 0, four, 5) == (20, 3)
-    windows.epoch_steps = 30  # 58 steps are two epochs of 30: one window of whole epochs, as `measure` cuts it
+    assert windows.measure_parts("trial", 0, four, 5) == (29, 2)
+    windows.last_step_s = 0.138  # 21 steps: one part, not two of `window` (40 steps where 21 were asked)
+    assert windows.measure_parts("trial", 0, four, 5) == (21, 1)
+    windows.last_step_s, windows.epoch_steps = 0.05, 30  # 58 steps are two epochs of 30: one window of them, uncut
     assert windows.measure_parts("trial", 0, four, 5) == (60, 1) and shapes[-1] == (0, 60, 2)
