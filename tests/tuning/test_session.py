@@ -340,7 +340,7 @@ def test_a_window_in_parts_holds_the_steps_of_the_whole_window_and_never_cuts_wh
     shapes: list[tuple] = []
     windows = TrialWindows(lambda label, skip, length, blocks: shapes.append((skip, length, blocks)), window=20,
                            min_window_s=2.9)
-    windows.last_step_s = 0.01  # 290 steps
+    windows.last_step_s = 0.01  # 289 steps (2.9 s at 10 ms, rounded down): five parts of 58
     four = USER.with_workers(4, persistent=True)
     assert windows.measure_parts("trial", 13, four, 5) == (58, 5) and shapes[-1] == (13, 58, 5)
     windows.measure_part("trial", 58)
