@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -242,8 +243,6 @@ class BatchBuffers:
         return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
 
     def _free(self, nbytes: int) -> Any:
-        import sys
-
         import torch
 
         owners = getattr(torch._C, "_storage_Use_Count", None)
