@@ -2,14 +2,19 @@
 
     python benchmarks/gpu_check.py [--out benchmarks/results]
 
-Writes ``gpu-foundation.json`` (CUDA timing correctness, NVML sampling, observation overhead) and
-``gpu-precision-batch.json`` (the precision pipeopt chooses for a transformer and its measured speedup over fp32; a
-batch over the memory budget trained as accumulated micro-batches, with its peak memory), ``gpu-fit-and-cost.json``
-(the memory breakdown of a transformer against ``torch.cuda.max_memory_allocated``, NVML health per window) and
-``gpu-dali.json`` (DALI
-``mixed`` decoding against the best DataLoader setting on the CPU-decode ImageFolder; needs torchvision and DALI,
-else it records why it was skipped) into ``--out``. On a machine without CUDA it says so and exits 0 without
-writing anything, so it is safe to run anywhere.
+Writes, into ``--out``:
+- ``gpu-foundation.json``: CUDA timing correctness, NVML sampling, observation overhead;
+- ``gpu-precision-batch.json``: the precision pipeopt chooses for a transformer and its measured speedup over fp32;
+  a batch over the memory budget trained as accumulated micro-batches, with its peak memory;
+- ``gpu-fit-and-cost.json``: the memory breakdown of a transformer against ``torch.cuda.max_memory_allocated``,
+  NVML health per window;
+- ``gpu-cache.json``: the sample cache and the loader search (``pin_memory`` included) on CUDA, with the final
+  weights compared bit for bit against a plain run;
+- ``gpu-dali.json``: DALI ``mixed`` decoding against the best DataLoader setting on the CPU-decode ImageFolder
+  (needs torchvision and DALI, else it records why it was skipped).
+Each file also names the device and the torch and Lightning versions. A section that raises records its traceback
+in its file, the others still run, and the exit status is 1. On a machine without CUDA it says so and exits 0
+without writing anything, so it is safe to run anywhere.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import logging
 import statistics
 import sys
 import time
+import traceback
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -254,18 +261,63 @@ def check_fit_and_cost(steps: int = 60) -> dict[str, Any]:
             "time": vars(section.time) if section else None, "window_health": health}
 
 
+def check_cache(epochs: int = 8) -> dict[str, Any]:
+    """The sample cache and the loader search on CUDA (``pin_memory`` is tried only there): a dataset behind 1 ms of
+    storage latency per sample, trained for ``epochs`` epochs from ``num_workers=0`` with and without
+    ``PipeOpt(tune=("loader", "cache"))``. The knobs it may turn change no value, so the final weights must be
+    bit-identical; the cache's report and each epoch's samples/s are recorded beside the plain run's."""
+    from benchmarks.scenarios.workloads import Classifier, SlowStorage, mlp
+
+    class EpochClock(pl.Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            torch.cuda.synchronize()
+            self.ends.append(time.perf_counter())
+
+    data, batch = SlowStorage(n=2048, dim=64, delay_s=0.002), 32
+    arms: dict[str, Any] = {}
+    for name in ("plain", "pipeopt"):
+        pl.seed_everything(0, verbose=False)
+        model, clock = Classifier(mlp(64, 2048, 2)), EpochClock()
+        cb = PipeOpt(tune=("loader", "cache"), report_dir=None, cache=False, console=Console(file=io.StringIO()))
+        trainer = pl.Trainer(accelerator="cuda", devices=1, max_epochs=epochs, logger=False,
+                             callbacks=[clock, *([cb] if name == "pipeopt" else [])], enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False)
+        start = time.perf_counter()
+        trainer.fit(model, DataLoader(data, batch_size=batch, shuffle=True, drop_last=True))
+        ends = [start, *clock.ends]
+        arm: dict[str, Any] = {"epoch_samples_per_s": [len(data) // batch * batch / (b - a)
+                                                       for a, b in zip(ends, ends[1:])],
+                               "weights": [p.detach().cpu() for p in model.parameters()]}
+        if name == "pipeopt" and cb.report is not None:
+            arm["changes"] = [(c.knob, c.before, c.after) for c in cb.report.changes]
+            arm["trials"] = [{"settings": t.settings, "samples_per_s": t.samples_per_s, "status": t.status}
+                             for t in cb.report.trials]
+            arm["sample_cache"] = asdict(cb.report.sample_cache) if cb.report.sample_cache else None
+            arm["notes"] = cb.report.notes
+            arm["skipped"] = [[k.group, k.reason] for k in cb.report.skipped]
+        arms[name] = arm
+    plain, tuned = arms["plain"].pop("weights"), arms["pipeopt"].pop("weights")
+    return {"workload": "2,048 samples behind 1 ms of storage latency each, batch 32, 2x2048 MLP, "
+            f"{epochs} epochs from num_workers=0", **arms,
+            "weights_bit_identical": all(torch.equal(a, b) for a, b in zip(plain, tuned))}
+
+
 def check_dali(repeats: int = 2, steps: int = 40) -> dict[str, Any]:
     """DALI ``mixed`` decoding (nvJPEG) against DataLoader workers on the CPU-decode ImageFolder, images/s."""
+    from pipeopt.dali import loader_from, missing
+
+    reason = missing()
+    if reason is not None:
+        return {"skipped": reason}
     try:
         from benchmarks.dali_decode import SCENARIO, dataset
-        from pipeopt.dali import loader_from, missing
 
-        reason = missing()
         data = dataset()
     except ImportError as err:  # torchvision or Pillow missing
         return {"skipped": f"{type(err).__name__}: {err}"}
-    if reason is not None:
-        return {"skipped": reason}
     arms: list[dict[str, Any]] = [{"num_workers": n, **({"persistent_workers": True} if n else {})}
                                   for n in (0, 4, 8, 16)] + [{"dali": "mixed"}]
     runs: dict[str, list[float]] = {json.dumps(a): [] for a in arms}
@@ -294,23 +346,30 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     sections = {
-        "gpu-foundation.json": lambda: {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                                        "timing": check_timing(), "input_bound": check_input_bound(),
+        "gpu-foundation.json": lambda: {"timing": check_timing(), "input_bound": check_input_bound(),
                                         "overhead": check_overhead()},
         "gpu-precision-batch.json": check_precision_and_batch,
         "gpu-fit-and-cost.json": check_fit_and_cost,
+        "gpu-cache.json": check_cache,
         "gpu-dali.json": check_dali,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, check in sections.items():
+    environment = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                   "pytorch_lightning": pl.__version__, "python": sys.version.split()[0]}
+    failed = 0
+    for name, check in sections.items():  # each section on its own: one that breaks leaves the others' figures
         started = time.perf_counter()
-        figures = check()
+        try:
+            figures = check()
+        except Exception:  # recorded in its file, not hidden: the exit status says one failed
+            figures, failed = {"error": traceback.format_exc()}, failed + 1
         figures["elapsed_s"] = time.perf_counter() - started
+        figures["environment"] = environment
         path = args.out / name
         path.write_text(json.dumps(figures, indent=2, default=str) + "\n")
         print(json.dumps(figures, indent=2, default=str))
-        print(f"wrote {path}")
-    return 0
+        print(f"wrote {path}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
