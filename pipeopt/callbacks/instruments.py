@@ -36,7 +36,7 @@ class Instruments:
         if self.sampler is not None:
             self.sampler.start()
         device_clock = clock_for(device, clock)
-        probe = ResourceProbe(device, cpu=CpuMeter(clock=clock), gpu=self.sampler, gpu_status=gpu_status,
+        self.probe = probe = ResourceProbe(device, cpu=CpuMeter(clock=clock), gpu=self.sampler, gpu_status=gpu_status,
                               ready=lambda: live_ready_batches(trainer), clock=clock)
         self.meter = WindowMeter(window=config.window, warmup=config.warmup, clock=device_clock, probe=probe,
                                  on_window=on_window)

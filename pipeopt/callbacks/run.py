@@ -61,6 +61,7 @@ class TuningRun:
             self._start_group("precision", self.precision, trainer, module, restored, short)
         if "batch" in cfg.tune:
             self.batch = BatchTuning(memory_fraction=cfg.memory_fraction, **kwargs)  # type: ignore[arg-type]  # same
+            self._instruments.probe.resets_peak = self.batch.peak_window_begins  # the only windows that reset it
             self._start_group("batch", self.batch, trainer, module, restored, short)
         if cfg.tune & {"loader", "dali"}:
             start = start_loader_session(trainer, cfg, meter, clock=self._clock, say=self._say, agree=self._agree,

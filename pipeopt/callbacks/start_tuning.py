@@ -85,6 +85,7 @@ class BatchTuning(_LiveGroup):
         self._no_loss = False
         self._module: Any = None
         self.verified: PlanWindow | None = None  # the window after a change
+        self._peak_from_start = False  # the next window must read its own device-memory peak
 
     def leave_alone(self) -> None:
         """Nothing is tried in this fit (the reason is in the report)."""
@@ -133,6 +134,19 @@ class BatchTuning(_LiveGroup):
         self.state = "baseline"
         self._measure(f"batch: {user.describe()}")
         return None
+
+    def peak_window_begins(self) -> bool:
+        """A measurement window begins: whether it needs its own device-memory peak, so CUDA's peak statistics
+        (which are the user's too) are reset. Only the plan's windows do - the user's plan, each trial, the window
+        after the decision (which must not carry a rolled-back plan's peak), and the one that begins as that window
+        closes - never before them or after."""
+        needed = self._peak_from_start or self.state in ("baseline", "switching", "trial", "verify")
+        self._peak_from_start = False
+        return needed
+
+    def _measure(self, label: str, skip: int = 0) -> None:
+        self._peak_from_start = True
+        super()._measure(label, skip)
 
     # -- the loop -------------------------------------------------------------------------------------------
     def on_batch_end(self, outputs: Any) -> None:

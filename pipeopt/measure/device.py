@@ -66,15 +66,16 @@ def clock_for(device: torch.device, host: Callable[[], float] = time.perf_counte
 
 
 def peak_memory_bytes(device: torch.device) -> int | None:
-    """Peak allocated device memory since the last ``reset_peak_memory``; None where the device has no allocator
-    stats."""
+    """Peak allocated device memory since CUDA's peak statistics were last reset; None where the device has no
+    allocator stats."""
     if device.type != "cuda":
         return None
     return int(torch.cuda.max_memory_allocated(device))
 
 
 def peak_reserved_bytes(device: torch.device) -> int | None:
-    """Peak memory the CUDA caching allocator reserved since the last ``reset_peak_memory`` (None elsewhere)."""
+    """Peak memory the CUDA caching allocator reserved since CUDA's peak statistics were last reset (None
+    elsewhere)."""
     if device.type != "cuda":
         return None
     return int(torch.cuda.max_memory_reserved(device))

@@ -20,7 +20,7 @@ class ResourceFigures:
     cpu_main_pct: float | None = None  # training process, 100 = one core
     cpu_workers_pct: float | None = None  # its child processes (loader workers)
     workers: int | None = None  # live child processes at the end of the window
-    peak_mem_bytes: int | None = None  # CUDA allocator peak during the window
+    peak_mem_bytes: int | None = None  # CUDA allocator peak up to the window's end (ResourceProbe: since when)
     gpu_util_pct: float | None = None  # NVML figures below: mean over the window unless named p95 or max
     gpu_mem_used_bytes: int | None = None  # max
     gpu_power_w: float | None = None
@@ -42,8 +42,17 @@ class Mark:
     cpu: CpuSnapshot | None
 
 
+def _never() -> bool:
+    return False
+
+
 class ResourceProbe:
-    """``begin()`` marks a window's start; ``end(mark)`` returns its ``ResourceFigures`` and resets the peak.
+    """``begin()`` marks a window's start; ``end(mark)`` returns its ``ResourceFigures``.
+
+    CUDA's peak-memory statistics are the user's too (``torch.cuda.max_memory_allocated``, a
+    ``DeviceStatsMonitor``): ``begin()`` resets them only where ``resets_peak()`` says a window's own peak is needed
+    (the batch plan's windows, whose peaks decide what fits the budget). Elsewhere a window's peak is the allocator's
+    peak up to its end since the last reset, pipeopt's or the user's: an upper bound of the window's own.
 
     ``ready_now()`` is read at every step: the running epoch (a token) and the finished batches waiting in its
     train loader, or None where they cannot be counted."""
@@ -64,9 +73,11 @@ class ResourceProbe:
         self._cpu = cpu
         self._gpu = gpu
         self._gpu_status = gpu_status
+        self.resets_peak: Callable[[], bool] = _never  # asked once per window, at its start
 
     def begin(self) -> Mark:
-        reset_peak_memory(self._device)
+        if self.resets_peak():
+            reset_peak_memory(self._device)
         return Mark(self._clock(), self._cpu.snapshot() if self._cpu is not None else None)
 
     def end(self, mark: Mark) -> ResourceFigures:

@@ -201,3 +201,27 @@ def test_an_epoch_whose_last_step_is_short_keeps_the_users_plan(monkeypatch):
     assert any(s.group == "batch" and "not whole optimizer steps of 32" in s.reason for s in callback.report.skipped)
     assert model.seen == plain.seen
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in plain.state_dict().items())
+
+
+@pytest.mark.parametrize("tune", [(), ("loader", "precision"), ("batch",)])
+def test_cuda_peak_memory_statistics_are_reset_only_for_the_batch_plans_windows(tune, monkeypatch):
+    """``torch.cuda.max_memory_allocated`` is the user's too (their own logging, a ``DeviceStatsMonitor``): pipeopt
+    resets it only where a window's own peak decides a batch plan - the user's plan, each trial, the window after
+    the decision - and leaves it alone in a fit that does not tune the batch, and once the plan is decided."""
+    import pipeopt.measure.resources as resources
+
+    monkeypatch.setattr(batch_apply, "MEMORY", TightMemory())  # the batch plan's windows run on CPU
+    callback, resets = quiet_pipeopt(tune=tune), []
+    monkeypatch.setattr(resources, "reset_peak_memory",
+                        lambda device: resets.append(callback._instruments.meter.steps_seen))
+    _fit([callback], epochs=4)
+    if "batch" not in tune:
+        assert resets == [] and callback.windows  # measured all along, without touching the statistics
+        return
+    plan = [w for w in callback.windows if w.label.startswith("batch")]
+    assert [w.label for w in plan] == ["batch: micro-batch 32 x accumulate 1",
+                                       "batch trial: micro-batch 8 x accumulate 4"]
+    verify = next(w for w in callback.windows if w.label == "after")  # the window that verifies the split
+    assert all(w.first_step in resets for w in [*plan, verify])  # each read its own peak, not an earlier plan's
+    later = [w for w in callback.windows if w.first_step > max(resets)]
+    assert len(later) >= 2 and {w.label for w in later} == {"after"}  # then the statistics were left alone
