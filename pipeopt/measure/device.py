@@ -4,6 +4,8 @@ A clock hands out *stamps* and turns a pair of stamps into seconds. On CPU the h
 On CUDA, work is asynchronous: a host timestamp taken after launching a step measures the launch, not the work.
 ``CudaEventClock`` records CUDA events on the current stream instead, and resolves them once per window
 (``settle``), so the device time is counted where it happens without a host synchronisation on every step.
+``settle`` also says how long it waited: the device's backlog, work the host launched that the device had not yet
+done (the window meter adds it to the window that launched it).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class DeviceClock(Protocol):
 
     def seconds(self, start: Any, end: Any) -> float: ...
 
-    def settle(self) -> None: ...
+    def settle(self) -> float: ...
 
 
 class HostClock:
@@ -35,8 +37,8 @@ class HostClock:
     def seconds(self, start: float, end: float) -> float:
         return end - start
 
-    def settle(self) -> None:
-        return None
+    def settle(self) -> float:
+        return 0.0  # the host's work is done when its timestamp is taken
 
 
 class CudaEventClock:
@@ -55,10 +57,14 @@ class CudaEventClock:
     def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         return start.elapsed_time(end) / 1e3
 
-    def settle(self) -> None:
-        """Wait until the last recorded event has happened, so every earlier pair can be resolved."""
-        if self._last is not None:
-            self._last.synchronize()
+    def settle(self) -> float:
+        """Wait until the last recorded event has happened, so every earlier pair can be resolved; the seconds
+        waited (the device's backlog)."""
+        if self._last is None:
+            return 0.0
+        started = time.perf_counter()
+        self._last.synchronize()
+        return time.perf_counter() - started
 
 
 def clock_for(device: torch.device, host: Callable[[], float] = time.perf_counter) -> DeviceClock:

@@ -89,11 +89,18 @@ def summarize(
     blocks: int = 5,
     ready: Sequence[tuple[object, int] | None] = (),
 ) -> WindowStats:
-    """Resolve the records' device stamps and reduce them to a ``WindowStats``."""
+    """Resolve the records' device stamps and reduce them to a ``WindowStats``.
+
+    The steps' host times miss the device's backlog at the window's end (CUDA runs behind the host, by up to its
+    launch queue: a step of one 20 ms kernel read 1.4 ms on the host). The meter starts every window with none, so
+    the wait for it here is the window's own: it is added to the duration, and each step's time stretched in
+    proportion (the host ran ahead at the device's pace, so the steps keep their relative spread)."""
     if not records:
         raise ValueError("a window needs at least one step")
-    clock.settle()
-    totals = [r.total for r in records]
+    backlog = clock.settle()
+    host = [r.total for r in records]
+    stretch = (sum(host) + backlog) / sum(host) if backlog > 0 and sum(host) > 0 else 1.0
+    totals = [t * stretch for t in host]
     duration = sum(totals)
     n = len(records)
     wait = sum(r.wait for r in records)
@@ -226,15 +233,15 @@ class WindowMeter:
         self._seen += 1
         if self._seen <= self.warmup:
             if self._seen == self.warmup:
-                self._mark = self._probe.begin()
+                self._mark = self._begin()
             return
         if self._skip > 0:
             self._skip -= 1
             if self._skip == 0:
-                self._mark = self._probe.begin()
+                self._mark = self._begin()
             return
         if self._mark is None:
-            self._mark = self._probe.begin()
+            self._mark = self._begin()
         self._steps.append(record)
         self._ready.append(self._probe.ready_now())
         if len(self._steps) >= self._length:
@@ -257,9 +264,15 @@ class WindowMeter:
         self._windows += 1
         self._steps = []
         self._ready = []
-        self._mark = self._probe.begin()
+        self._mark = self._begin()
         self._on_window(stats)
         return stats
+
+    def _begin(self) -> Any:
+        """A window starts with no device backlog (steps before it may have left one): its own is what
+        ``summarize`` finds at its end."""
+        self._clock.settle()
+        return self._probe.begin()
 
     def reset(self, label: str | None = None, skip: int = 0, length: int | None = None, blocks: int = 5) -> None:
         """Drop the unfinished window; ignore the next ``skip`` steps (a configuration change settling), and
@@ -269,6 +282,6 @@ class WindowMeter:
         self._skip = skip
         self._length = max(self.window, length or 0)
         self._blocks = blocks
-        self._mark = self._probe.begin() if self._seen >= self.warmup and skip == 0 else None
+        self._mark = self._begin() if self._seen >= self.warmup and skip == 0 else None
         if label is not None:
             self.label = label

@@ -36,6 +36,49 @@ def test_summary_figures():
     assert (w.step_cpu_s, w.fetch_cpu_s) == pytest.approx((0.5, 0.2))  # per step
 
 
+class Behind(HostClock):
+    """A device running behind the host: ``settle`` waits out (and returns) the backlog queued so far."""
+
+    def __init__(self) -> None:
+        super().__init__(FakeClock())
+        self.backlog = 0.0
+
+    def settle(self) -> float:
+        waited, self.backlog = self.backlog, 0.0
+        return waited
+
+
+def test_the_devices_backlog_at_a_windows_end_is_part_of_its_steps():
+    """On CUDA the host runs ahead of the device: the steps' host times (2 s here) miss the 2 s of work still queued
+    at the window's end. It counts: twice the step time, half the rate, and the step's spread stretched alike."""
+    clock = Behind()
+    clock.backlog = 2.0
+    recs = [record(0.0), record(0.5, total=1.5, wait=1.1)]
+    w = summarize(recs, clock, index=0, label="observe", first_step=0, resources=NullProbe().end(None))
+    assert w.duration_s == pytest.approx(4.0) and w.step_time_s == pytest.approx(2.0)
+    assert w.step_time_std_s == pytest.approx(1.0)
+    assert w.samples_per_s == pytest.approx(5.0) and w.busy_frac == pytest.approx(0.6 / 4.0)
+    assert w.data_wait_frac == pytest.approx(1.2 / 4.0)
+
+
+def test_a_window_starts_with_no_backlog_so_it_counts_only_its_own():
+    """Work queued before a window (the warm-up's, a settling step's) is waited out as it starts, not counted in it."""
+    clock, windows = Behind(), []
+    meter = WindowMeter(window=2, warmup=1, clock=clock, probe=NullProbe(), on_window=windows.append)
+    clock.backlog = 7.0  # left by the warm-up step: drained as the first window starts
+    meter.update(record(0.0))
+    meter.update(record(1.0))
+    clock.backlog = 1.0  # the window's own
+    meter.update(record(2.0))
+    meter.reset("trial", skip=1)
+    clock.backlog = 9.0  # left by the settling step, drained as the trial's window starts after it
+    meter.update(record(3.0))
+    for start in (4.0, 5.0):
+        meter.update(record(start))
+    assert [(w.label, w.duration_s) for w in windows] == [("observe", pytest.approx(2.0)),
+                                                          ("trial", pytest.approx(1.0))]
+
+
 def test_samples_per_second_is_unknown_when_samples_are():
     w = summarize([record(0.0, samples=None)], HostClock(), index=0, label="x", first_step=0,
                   resources=NullProbe().end(None))
