@@ -4,8 +4,8 @@ A clock hands out *stamps* and turns a pair of stamps into seconds. On CPU the h
 On CUDA, work is asynchronous: a host timestamp taken after launching a step measures the launch, not the work.
 ``CudaEventClock`` records CUDA events on the current stream instead, and resolves them once per window
 (``settle``), so the device time is counted where it happens without a host synchronisation on every step.
-``settle`` also says how long it waited: the device's backlog, work the host launched that the device had not yet
-done (the window meter adds it to the window that launched it).
+``settle`` also says how far the device ran behind the host: work launched that it had not yet done (the window
+meter adds it to the window that launched it).
 """
 
 from __future__ import annotations
@@ -42,33 +42,46 @@ class HostClock:
 
 
 class CudaEventClock:
-    """Stamps are timing events recorded on the device's current stream."""
+    """Stamps are timing events recorded on the device's current stream (``record`` makes and records one)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self._device = device
-        self._last: torch.cuda.Event | None = None
+    def __init__(self, device: torch.device, *, host: Callable[[], float] = time.perf_counter,
+                 record: Callable[[], Any] | None = None) -> None:
+        self._record = record if record is not None else lambda: _recorded_event(device)
+        self._host = host
+        self._first: tuple[Any, float] | None = None  # the first stamp since the last settle, and its host time
+        self._last: tuple[Any, float] | None = None
 
-    def stamp(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self._device))
-        self._last = event
+    def stamp(self) -> Any:
+        event = self._record()
+        self._last = (event, self._host())
+        if self._first is None:
+            self._first = self._last
         return event
 
-    def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return start.elapsed_time(end) / 1e3
+    def seconds(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) / 1e3
 
     def settle(self) -> float:
-        """Wait until the last recorded event has happened, so every earlier pair can be resolved; the seconds
-        waited (the device's backlog)."""
-        if self._last is None:
+        """Wait until the last recorded event has happened, so every earlier pair can be resolved. Returns the
+        device's backlog at that event: how much later the device reached it than the host recorded it, counted
+        from the first stamp since the last settle (the device then had nothing queued, so it reached that one at
+        once). The same whoever waited it out - this call, or a ``.item()`` or the fit's end before it."""
+        if self._first is None or self._last is None:
             return 0.0
-        started = time.perf_counter()
-        self._last.synchronize()
-        return time.perf_counter() - started
+        (first, first_host), (last, last_host) = self._first, self._last
+        self._first = None
+        last.synchronize()
+        return max(0.0, self.seconds(first, last) - (last_host - first_host))
+
+
+def _recorded_event(device: torch.device) -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def clock_for(device: torch.device, host: Callable[[], float] = time.perf_counter) -> DeviceClock:
-    return CudaEventClock(device) if device.type == "cuda" else HostClock(host)
+    return CudaEventClock(device, host=host) if device.type == "cuda" else HostClock(host)
 
 
 def peak_memory_bytes(device: torch.device) -> int | None:

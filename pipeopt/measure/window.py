@@ -93,7 +93,7 @@ def summarize(
 
     The steps' host times miss the device's backlog at the window's end (CUDA runs behind the host, by up to its
     launch queue: a step of one 20 ms kernel read 1.4 ms on the host). The meter starts every window with none, so
-    the wait for it here is the window's own: it is added to the duration, and each step's time stretched in
+    the backlog the clock finds is the window's own: it is added to the duration, and each step's time stretched in
     proportion (the host ran ahead at the device's pace, so the steps keep their relative spread)."""
     if not records:
         raise ValueError("a window needs at least one step")
