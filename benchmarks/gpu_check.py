@@ -157,6 +157,8 @@ def check_timing() -> dict[str, Any]:
         "gpu_power_w": w.resources.gpu_power_w,
         "peak_mem_bytes": w.resources.peak_mem_bytes,
         "nvml_sampled": w.resources.gpu_status == SAMPLED and w.resources.gpu_util_pct is not None,
+        "windows": [{"label": x.label, "steps": x.steps, "step_time_s": x.step_time_s, "compute_s": x.compute_s,
+                     "busy_frac": x.busy_frac} for x in cb.windows],
     }
 
 
