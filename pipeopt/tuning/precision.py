@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster, measured
 
 FP32 = "32-true"
+BF16, FP16 = "bf16-mixed", "16-mixed"
 LOSS_TOLERANCE = 0.02
 LOSS_ABS_FLOOR = 1e-3
 
@@ -75,7 +76,9 @@ def loss_allowance(trial: PrecisionTrial, baseline: PrecisionTrial) -> float:
 
 
 def choose_precision(trials: list[PrecisionTrial], *, floor: float = DEFAULT_FLOOR) -> PrecisionChoice:
-    """The fastest safe candidate that beats fp32 beyond noise; fp32 otherwise - each rejection with its reason."""
+    """The fastest safe candidate that beats fp32 beyond noise; fp32 otherwise - each rejection with its reason.
+    Between the two half precisions bf16 is kept unless fp16 is faster than it beyond noise: fp16's narrower range
+    leans on a gradient scaler for the rest of the fit, where a window's health check cannot look."""
     baseline = next((t for t in trials if t.precision == FP32), None)
     if baseline is None or baseline.rate is None or not baseline.finite:
         return PrecisionChoice(FP32, "fp32 itself could not be measured; precision left as is")
@@ -100,7 +103,14 @@ def choose_precision(trials: list[PrecisionTrial], *, floor: float = DEFAULT_FLO
     if not safe:
         return PrecisionChoice(FP32, "kept fp32: " + ("; ".join(why) if why else "no other precision to try"))
     best = max(safe, key=lambda t: measured(t.rate).value)
+    bf16 = next((t for t in safe if t.precision == BF16), None)
+    preferred = ""
+    if best.precision == FP16 and bf16 is not None and not faster(measured(best.rate), measured(bf16.rate), floor):
+        best, preferred = bf16, f"; preferred to 16-mixed, not faster beyond noise ({_ratio(best, bf16):.2f}x)"
     gap = loss_gap(best, baseline) or 0.0
-    speed = measured(best.rate).value / measured(baseline.rate).value
-    return PrecisionChoice(best.precision, f"{speed:.2f}x the fp32 rate in its live trial window, mean loss "
-                                           f"{gap:+.1%} against the fp32 window before it")
+    return PrecisionChoice(best.precision, f"{_ratio(best, baseline):.2f}x the fp32 rate in its live trial window, "
+                                           f"mean loss {gap:+.1%} against the fp32 window before it{preferred}")
+
+
+def _ratio(trial: PrecisionTrial, other: PrecisionTrial) -> float:
+    return measured(trial.rate).value / measured(other.rate).value

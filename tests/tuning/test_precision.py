@@ -27,6 +27,16 @@ def test_the_fastest_of_several_safe_candidates_wins():
     assert choose_precision(trials).precision == "16-mixed"
 
 
+def test_bf16_is_kept_over_fp16_unless_fp16_is_faster_beyond_noise():
+    """On an H200 the two read 1.48x and 1.55x fp32 in one run: within noise of each other, so bf16 (no loss
+    scaling for the rest of the fit)."""
+    close = choose_precision([probe(FP32, 10.0), probe("bf16-mixed", 14.8), probe("16-mixed", 15.5)])
+    assert close.precision == "bf16-mixed" and "preferred to 16-mixed" in close.reason
+    assert "1.48x the fp32 rate" in close.reason
+    without_bf16 = [probe(FP32, 10.0), probe("bf16-mixed", 14.8, (1.5, 1.5)), probe("16-mixed", 15.5)]
+    assert choose_precision(without_bf16).precision == "16-mixed"  # bf16's loss was off: fp16 is the safe one
+
+
 def test_not_faster_beyond_noise_keeps_fp32():
     choice = choose_precision([probe(FP32, 10.0), probe("bf16-mixed", 10.3)])
     assert choice.precision == FP32 and "not faster beyond noise" in choice.reason
