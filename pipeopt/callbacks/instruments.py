@@ -36,9 +36,9 @@ class Instruments:
         if self.sampler is not None:
             self.sampler.start()
         device_clock = clock_for(device, clock)
-        self.probe = probe = ResourceProbe(device, cpu=CpuMeter(clock=clock), gpu=self.sampler, gpu_status=gpu_status,
-                              ready=lambda: live_ready_batches(trainer), clock=clock)
-        self.meter = WindowMeter(window=config.window, warmup=config.warmup, clock=device_clock, probe=probe,
+        self.probe = ResourceProbe(device, cpu=CpuMeter(clock=clock), gpu=self.sampler, gpu_status=gpu_status,
+                                   ready=lambda: live_ready_batches(trainer), clock=clock)
+        self.meter = WindowMeter(window=config.window, warmup=config.warmup, clock=device_clock, probe=self.probe,
                                  on_window=on_window)
         self.timer = timer = StepTimer(clock, device_clock, self.meter.update)
         transfer = _lightning.transfer_action(trainer)
