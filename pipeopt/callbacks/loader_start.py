@@ -80,11 +80,11 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     memory = WorkerMemory.measure(agree)
     budget = Budget(cpus=cpus, memory_bytes=memory.available, cuda=cuda, more_epochs=more_epochs_ahead(trainer),
                     may_change_workers="loader" in groups, dali=dali, training_mem_bytes=memory.training)
-    left = steps_left(trainer)
-    windows = TrialWindows(meter.reset, config.window, config.window_s, epoch_steps(trainer), steps_left=left)
+    windows = TrialWindows(meter.reset, config.window, config.window_s, epoch_steps(trainer),
+                           steps_left=steps_left(trainer))
     session = LoaderSession(switcher, budget=budget, budget_s=config.budget_s, windows=windows, clock=clock,
                             say=say if trainer.is_global_zero else (lambda line: None),
-                            worker_memory=worker_private_memory, agree=agree, steps_left=left)
+                            worker_memory=worker_private_memory, agree=agree)
     start = LoaderStart(session, switcher)
 
     def usable(settings: LoaderSettings | None) -> bool:  # DALI settings only where DALI may be tried now

@@ -248,10 +248,8 @@ class LoaderSession:
     def __init__(self, switcher: Switcher, *, budget: Budget, budget_s: float, windows: TrialWindows,
                  clock: Callable[[], float], say: Callable[[str], None] = lambda line: None,
                  worker_memory: Callable[[], int | None] = lambda: None, agree: ReduceMax = lambda values: values,
-                 floor: float = DEFAULT_FLOOR, min_trial_timeout_s: float = 10.0,
-                 steps_left: Callable[[], int | None] = lambda: None) -> None:
+                 floor: float = DEFAULT_FLOOR, min_trial_timeout_s: float = 10.0) -> None:
         self._switcher, self._budget, self._budget_s, self._windows = switcher, budget, budget_s, windows
-        self._steps_left = steps_left  # optimizer steps the fit has left (None: unbounded)
         self._clock, self._say, self._worker_memory, self._agree = clock, say, worker_memory, agree
         self._floor, self._min_timeout = floor, min_trial_timeout_s
         self.state = Phase.BEFORE
@@ -335,8 +333,8 @@ class LoaderSession:
             search.stop_reason = "the sample cache's store holds an epoch: reading from it is tried (last)"
             return self._choose()
         candidate = search.propose()
-        crowded = None if candidate is None else _no_room(candidate, self._applied, self._windows, self._steps_left(),
-                                                          search.trials, self._switcher.user_settings)
+        crowded = None if candidate is None else _no_room(candidate, self._applied, self._windows, search.trials,
+                                                          self._switcher.user_settings)
         if crowded:  # a trial the fit cannot finish measures nothing: choose now
             self.notes.append(crowded)
             candidate = None
@@ -490,12 +488,12 @@ class LoaderSession:
         return self.chosen.settings if self.state is Phase.DONE and self.changes and self.chosen else None
 
 
-def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialWindows, left: int | None,
-             trials: list[Trial], user: LoaderSettings) -> str | None:
+def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialWindows, trials: list[Trial],
+             user: LoaderSettings) -> str | None:
     """Why the fit has no room for a trial of ``candidate`` and the after-windows of whichever of it and the
     settings measured in ``trials`` is chosen (None: it has room, or the fit is unbounded). The user's settings,
     chosen, need no after-window."""
-    tried = [t.settings for t in trials if t.ok and t.settings != user]
+    tried, left = [t.settings for t in trials if t.ok and t.settings != user], windows.steps_left()
     need = windows.trial_steps(applied, candidate, tried)
     if left is None or left >= need:
         return None

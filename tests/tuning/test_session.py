@@ -157,8 +157,8 @@ def test_a_cached_configuration_that_falls_short_is_tuned_afresh():
 def test_no_trial_starts_that_the_fit_cannot_finish():
     left = {"steps": 1000}
     switcher = FakeSwitcher()
-    s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=60.0, windows=TrialWindows(lambda *args: None),
-                      clock=lambda: 0.0, steps_left=lambda: left["steps"])
+    s = LoaderSession(switcher, budget=Budget(cpus=2), budget_s=60.0, clock=lambda: 0.0,
+                      windows=TrialWindows(lambda *args: None, steps_left=lambda: left["steps"]))
     feed(s, 100.0, 0.5)  # before: the model picks 2 workers; 1000 steps left: room for them
     assert switcher.switches[-1].num_workers == 2
     left["steps"] = 30  # a trial window (20) and an after-window (20) no longer fit
@@ -248,7 +248,7 @@ def _tuned_in_a_fit_of(fit_steps):
         cut.append((label, skip, length or 4))
 
     s = LoaderSession(FakeSwitcher(), budget=Budget(cpus=8), budget_s=60.0, clock=lambda: 0.0,
-                      windows=TrialWindows(reset_meter, window=4), steps_left=lambda: fit_steps - used["steps"])
+                      windows=TrialWindows(reset_meter, window=4, steps_left=lambda: fit_steps - used["steps"]))
     feed(s, 100.0, 0.6)
     while s.state in ("trial", "after"):
         _, skip, length = cut[-1]
