@@ -344,3 +344,33 @@ def test_after_a_tuning_cache_hit_the_epoch_is_counted_in_samples_and_the_missin
     # first index was drawn, and the stream is read ahead once it was (at the cache's start)
     assert any("made ahead" in n and "while that epoch drew the rest" in n for n in second.notes), second.notes
     assert psutil.Process().children() == []
+
+
+@pytest.mark.parametrize("cached_rate", [50.0, 300.0], ids=["slower", "faster"])
+def test_a_cached_trial_in_parts_stops_after_its_first_when_slower_and_runs_them_all_when_faster(
+        monkeypatch, tmp_path, cached_rate):
+    """A cached trial's window cut into parts on a real fit: the rates are controlled and so is the pace that sizes
+    the windows (10 ms a step), so the cut is known. Slower than the window before it beyond noise, the trial stops
+    after its first part and the report says so; faster, every part runs and the cache is kept. Either way the model
+    trains on the same samples in the same order as without pipeopt."""
+    from pipeopt.tuning import cache_session, session
+
+    data = CountingDataset(n=128, delay_s=0.001)
+    plain, _ = fit([], data, epochs=12)
+    controlled_rates(monkeypatch, lambda settings: cached_rate if getattr(settings, "cache", False) else 100.0)
+    monkeypatch.setattr(session.TrialWindows, "_step_s", lambda self, settings: 0.01)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False, window=2, window_s=0.1)
+    tuned, _ = fit([callback], data, epochs=12)
+    parts = [w for w in callback.windows if w.label.startswith("cache trial")]
+    notes = callback.report.notes
+    if cached_rate < 100.0:
+        assert len(parts) == 1 and callback.report.changes == []
+        assert any(f"stopped after 1 of its {cache_session.TRIAL_PARTS} parts" in n for n in notes)
+    else:
+        assert len(parts) == cache_session.TRIAL_PARTS and [c.knob for c in callback.report.changes] == ["cache"]
+        assert len({w.steps for w in parts}) == 1 and parts[0].steps >= 2  # equal parts, each at least `window`
+        assert [w.first_step for w in parts] == [parts[0].first_step + k * parts[0].steps for k in range(len(parts))]
+        assert not any("stopped after" in n for n in notes)
+    assert tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
