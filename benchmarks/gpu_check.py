@@ -1,4 +1,4 @@
-"""Every check that needs an NVIDIA GPU, in one script (about 2 minutes on one H200-class GPU; limit 8).
+"""Every check that needs an NVIDIA GPU, in one script (about 3 minutes on one H200-class GPU; limit 8).
 
     python benchmarks/gpu_check.py [--out benchmarks/results]
 
@@ -171,19 +171,37 @@ def check_input_bound() -> dict[str, Any]:
             "predicted_speedup": cb.report.verdict.input_free_speedup}
 
 
-def check_overhead(pairs: int = 4) -> dict[str, Any]:
+class StepClock(pl.Callback):
+    """The time at the end of every training batch, the device synchronised."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        torch.cuda.synchronize()
+        self.ends.append(time.perf_counter())
+
+
+def check_overhead(pairs: int = 4, steps: int = 200, settle: int = 40) -> dict[str, Any]:
+    """Observing (``tune=()``) against not, in interleaved pairs of fits: the steady pace over each fit's steps after
+    ``settle`` (whole-fit walls spread from 1.04 to 1.75 s over 80-step fits, Trainer start-up included - wider
+    than the overhead), whole-fit walls beside it."""
     x = torch.randn(8192, 4096)
     y = torch.randint(0, 10, (8192,))
     data = torch.utils.data.TensorDataset(x, y)
-    plain, observed = [], []
+    runs: dict[str, dict[str, list[float]]] = {arm: {"wall_s": [], "steady_step_s": []}
+                                               for arm in ("plain", "observed")}
     for r in range(pairs):
         for observe in ((False, True) if r % 2 == 0 else (True, False)):
             pl.seed_everything(0, verbose=False)
-            callbacks = [observer(window=20, warmup=5)] if observe else []
-            wall = fit(BigMLP(), DataLoader(data, batch_size=512, pin_memory=True), 80, callbacks)
-            (observed if observe else plain).append(wall)
-    ratio = statistics.median(plain) / statistics.median(observed)
-    return {"plain_wall_s": plain, "observed_wall_s": observed, "observed_over_plain_throughput": ratio,
+            clock = StepClock()
+            callbacks = [clock, *([observer(window=20, warmup=5)] if observe else [])]
+            wall = fit(BigMLP(), DataLoader(data, batch_size=512, pin_memory=True), steps, callbacks)
+            arm = runs["observed" if observe else "plain"]
+            arm["wall_s"].append(wall)
+            arm["steady_step_s"].append((clock.ends[-1] - clock.ends[settle]) / (len(clock.ends) - 1 - settle))
+    ratio = statistics.median(runs["plain"]["steady_step_s"]) / statistics.median(runs["observed"]["steady_step_s"])
+    return {"steps": steps, "settle": settle, **runs, "observed_over_plain_throughput": ratio,
             "overhead_pct": 100 * (1 - ratio)}
 
 
