@@ -11,13 +11,13 @@ key                                meaning                                      
 ``pipeopt/busy_frac``              share of step time in forward + backward + optimizer           each window
 ``pipeopt/cpu_main_pct``           CPU use of the training process (100 = one core)               each window
 ``pipeopt/cpu_workers_pct``        CPU use of its loader workers (100 = one core)                 each window
-``pipeopt/peak_mem_mb``            CUDA allocator peak during the window                          CUDA only
+``pipeopt/peak_mem_mb``            CUDA allocator peak up to the window's end (measurement.md)    CUDA only
 ``pipeopt/gpu_util_pct``           NVML GPU utilisation, mean over the window                     NVML only
 ``pipeopt/gpu_mem_used_mb``        NVML memory used on the device, max over the window            NVML only
 ``pipeopt/gpu_power_w``            NVML power draw, mean over the window                          NVML only
 ``pipeopt/gpu_temp_c``             NVML GPU temperature, mean over the window                     NVML only
 ``pipeopt/gpu_sm_clock_mhz``       NVML SM clock, mean over the window                            NVML only
-``pipeopt/reserved_mem_mb``        CUDA allocator reserve, peak during the window                 CUDA only
+``pipeopt/reserved_mem_mb``        CUDA allocator reserve, its peak counted as peak_mem_mb's      CUDA only
 ``pipeopt/input_free_speedup``     estimated speedup if input were free (from the before-window)  end of fit
 ``pipeopt/predicted_speedup``      the kept change's predicted speedup (from its trial)           a change kept
 ``pipeopt/measured_speedup``       after-window over before-window throughput                     end of fit
