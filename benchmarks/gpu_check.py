@@ -106,9 +106,14 @@ class BigMLP(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
+def quiet_trainer(callbacks: list, **limits: Any) -> pl.Trainer:
+    """A Trainer on the GPU that writes nothing (no logger, checkpoint, progress bar or summary)."""
+    return pl.Trainer(accelerator="cuda", devices=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, **limits)
+
+
 def fit(model: pl.LightningModule, loader: DataLoader, steps: int, callbacks: list) -> float:
-    trainer = pl.Trainer(accelerator="cuda", devices=1, max_steps=steps, callbacks=callbacks, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = quiet_trainer(callbacks, max_steps=steps)
     torch.cuda.synchronize()
     start = time.perf_counter()
     trainer.fit(model, loader)
@@ -265,8 +270,7 @@ def check_precision_and_batch() -> dict[str, Any]:
                  cache=False, console=Console(file=io.StringIO()))
     torch.cuda.reset_peak_memory_stats()
     pl.seed_everything(0, verbose=False)
-    trainer = pl.Trainer(accelerator="cuda", devices=1, max_steps=60, callbacks=[cb, Count()], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = quiet_trainer([cb, Count()], max_steps=60)
     trainer.fit(TinyTransformer(), DataLoader(data, batch_size=512))
     peaks = [(w.label, w.resources.peak_mem_bytes) for w in cb.windows if w.resources.peak_mem_bytes]
     after = [p for label, p in peaks if label == "after"]
@@ -352,9 +356,7 @@ def check_cache(epochs: int = 8) -> dict[str, Any]:
         pl.seed_everything(0, verbose=False)
         model, clock = Classifier(mlp(64, 2048, 2)), EpochClock()
         cb = PipeOpt(tune=("loader", "cache"), report_dir=None, cache=False, console=Console(file=io.StringIO()))
-        trainer = pl.Trainer(accelerator="cuda", devices=1, max_epochs=epochs, logger=False,
-                             callbacks=[clock, *([cb] if name == "pipeopt" else [])], enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False)
+        trainer = quiet_trainer([clock, *([cb] if name == "pipeopt" else [])], max_epochs=epochs)
         start = time.perf_counter()
         trainer.fit(model, DataLoader(data, batch_size=batch, shuffle=True, drop_last=True))
         ends = [start, *clock.ends]

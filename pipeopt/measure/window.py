@@ -98,9 +98,9 @@ def summarize(
     if not records:
         raise ValueError("a window needs at least one step")
     backlog = clock.settle()
-    host = [r.total for r in records]
-    stretch = (sum(host) + backlog) / sum(host) if backlog > 0 and sum(host) > 0 else 1.0
-    totals = [t * stretch for t in host]
+    host = sum(r.total for r in records)
+    stretch = (host + backlog) / host if backlog > 0 and host > 0 else 1.0
+    totals = [r.total * stretch for r in records]
     duration = sum(totals)
     n = len(records)
     wait = sum(r.wait for r in records)
