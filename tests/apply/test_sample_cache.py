@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from pipeopt import _dataloader
 from pipeopt.apply.sample_cache import CachedDataset, SampleCache, WholeSplit, plan, refusal
@@ -388,6 +388,30 @@ def test_whole_items_read_a_batch_at_a_time_collate_to_the_same_batches_bit_for_
     assert torch.equal(batch["x"], torch.stack([dataset[i]["x"] for i in (5, 0, 63)]))
     batch["x"].mul_(0)  # a batch is its own: writing to it changes neither the store nor a later read
     assert torch.equal(_dataloader.collate_rows(reader.__getitems__([5]))["x"][0], dataset[5]["x"])
+    cache.close()
+
+
+class Fields(Counted):
+    """Whole items of several tensor fields: dtypes of 1, 2 and 8 bytes, odd lengths, a 0-d and an empty tensor."""
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        return (torch.randn(2, 3, generator=g, dtype=torch.float64), torch.randint(0, 255, (5,), generator=g,
+                dtype=torch.uint8), torch.tensor(i * 7), torch.empty(0, 4), torch.randn(3, generator=g).half(), i)
+
+
+def test_every_field_of_a_batch_read_at_a_time_is_read_from_its_own_items_bytes(tmp_path):
+    """Each field of a batch is gathered from the store at once, its rows from wherever each item's record has them
+    (records of any length, so at any offset): every field, of any dtype and size, equals torch's stack of the
+    user's items, whichever positions a batch draws, in any order."""
+    dataset = Fields(48)
+    cache = _filled(tmp_path, dataset)
+    reader = cache.dataset(read=True, rows=True)
+    for positions in ([0, 1, 2], [47, 3, 30, 11, 3], [5]):
+        items = reader.__getitems__(positions)
+        assert cache.store.get_rows(positions) is not None  # read a batch at a time, not item by item
+        for got, want in zip(_dataloader.collate_rows(items), default_collate([dataset[i] for i in positions])):
+            assert torch.equal(got, want) and got.dtype == want.dtype and got.shape == want.shape
     cache.close()
 
 
