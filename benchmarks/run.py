@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -179,13 +180,26 @@ def keep_in_history(result: dict[str, Any]) -> Path:
     return path
 
 
+def _history_name(path: Path) -> tuple[str, str, str]:
+    """A history file's name, time stamp and commit (``-`` where none): ``<name>-<stamp>[-<commit>].json``, the
+    name dashed or not (``gpu-fit-and-cost-...``)."""
+    parts = path.stem.split("-")
+    at = next(i for i, part in enumerate(parts) if re.fullmatch(r"\d{8}T\d{6}", part))
+    return "-".join(parts[:at]), parts[at], "-".join(parts[at + 1:]) or "-"
+
+
 def _history_rows() -> list[str]:
     rows = []
-    for path in sorted(HISTORY.glob("*.json"), key=lambda p: p.stem.split("-")[1]):
+    for path in sorted(HISTORY.glob("*.json"), key=lambda p: _history_name(p)[1]):
         r = json.loads(path.read_text())
-        name, stamp, *commit = path.stem.split("-")
+        name, stamp, commit = _history_name(path)
         when = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]} {stamp[9:11]}:{stamp[11:13]}"
         p = r.get("pipeopt")
+        if "scenario" not in r:  # a GPU check's file (``benchmarks/gpu_check.py``), one per check
+            device = r.get("environment", {}).get("device", "a GPU")
+            rows.append(f"| {when} | {commit} | {name} | `python3 benchmarks/gpu_check.py --out <dir>` | "
+                        f"checks on {device}: `{name}.json` |")
+            continue
         if r["scenario"] == "predict_verify":
             ratios = [x["tuned_over_oracle"] for sc in r["scenarios"] for x in sc["runs"]]
             ratio = f"pipeopt / oracle {_mmm(ratios, '{:.2f}')} (all scenarios' runs)"
@@ -202,7 +216,7 @@ def _history_rows() -> list[str]:
             ratio = f"pipeopt / oracle {p['tuned_over_oracle']:.2f} (runs not kept)"
         else:
             ratio = "no pipeopt runs"
-        rows.append(f"| {when} | {commit[0] if commit else '-'} | {r['scenario']} | `{r['command']}` | {ratio} |")
+        rows.append(f"| {when} | {commit} | {r['scenario']} | `{r['command']}` | {ratio} |")
     return rows
 
 
