@@ -28,9 +28,10 @@ of finishing a window of the slow settings first. Then, on the live run:
    main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
    run does (workers could only share a wait that is no longer there). Last, the cached setting that would be
    chosen, where it has workers, once more at the usual priority (kept at a tie: nothing changes that need not).
-   Each cached trial's window is measured in parts (``TRIAL_PARTS``); a trial whose parts so far are slower beyond
-   noise than ``before`` or another cached trial stops there: it could not be chosen, and on a window sized at the
-   pace of the trial before it (``TrialWindows``), a slow trial's remaining parts would only cost the fit time;
+   Each cached trial's window is measured in parts (``TRIAL_PARTS``), the first as short as a window may be; a
+   trial whose parts so far are slower beyond noise than ``before`` or another cached trial stops there: it could
+   not be chosen, and on a window sized at the pace of the trial before it (``TrialWindows``), a slow trial's
+   remaining parts would only cost the fit time;
 4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers,
    then workers not giving way) no other cached trial beats beyond noise, confirmed by an after-window against
    ``before`` (once more when too close to call); otherwise the settings in place stay.
@@ -343,7 +344,7 @@ class PartedTrial:
 
     def __init__(self, windows: TrialWindows, settings: LoaderSettings, skip: int) -> None:
         self.settings, self._windows, self.label = settings, windows, f"cache trial: {settings.describe()}"
-        self.part, self.count = windows.measure_parts(self.label, skip, settings, TRIAL_PARTS)
+        self.first, self.later, self.count = windows.measure_parts(self.label, skip, settings, TRIAL_PARTS)
         self.parts: list[tuple[Rate, float, float]] = []  # each part's rate, seconds and data wait
 
     def ended(self, rate: Rate | None, seconds: float, wait: float, error: BaseException | None, before: Rate | None,
@@ -360,10 +361,11 @@ class PartedTrial:
         done = len(self.parts)
         why = beaten_by(rate, before, trials, floor) if done < self.count else None
         if done < self.count and why is None:
-            self._windows.measure_part(self.label, self.part)
+            self._windows.measure_part(self.label, self.later)
             return None
-        stopped = why and (f"cache trial {self.settings.describe()} stopped after {done} of its {self.count} parts of "
-                           f"{self.part} steps: {rate.value:,.1f} samples/s, slower beyond noise than {why}")
+        steps, window = self.first + (done - 1) * self.later, self.first + (self.count - 1) * self.later
+        stopped = why and (f"cache trial {self.settings.describe()} stopped after {done} of its {self.count} parts "
+                           f"({steps} of {window} steps): {rate.value:,.1f} samples/s, slower beyond noise than {why}")
         return CacheTrial(self.settings, rate, wait, stopped=stopped)
 
 

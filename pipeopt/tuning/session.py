@@ -127,16 +127,20 @@ class TrialWindows:
             return
         self.reset_meter(label, skip, *self._sized(settings, skip))
 
-    def measure_parts(self, label: str, skip: int, settings: LoaderSettings, parts: int) -> tuple[int, int]:
-        """``measure``'s window for ``settings`` cut into up to ``parts`` windows of equal length, at least ``window``
-        steps each (a window of whole epochs is not cut), which together hold as many steps (fewer than a step more
-        a part): the first one measured now, the rest by ``measure_part``, so that a trial can be judged before its
-        end. Each part's steps, and how many."""
+    def measure_parts(self, label: str, skip: int, settings: LoaderSettings,
+                      parts: int) -> tuple[int, int, int]:
+        """``measure``'s window for ``settings`` cut into up to ``parts`` windows, so that a trial can be judged before
+        its end: the first of ``window`` steps, the fewest a window holds (a trial far slower than what it must beat
+        costs that much), the rest of the window in equal parts of at least ``window`` steps; together as many steps
+        as the window (fewer than a step more a part). A window too short for two parts, or of whole epochs, is one.
+        The first part is measured now, the rest by ``measure_part``. The first part's steps, each later part's, and
+        how many parts in all."""
         length, blocks = self._sized(settings, skip)
-        count = 1 if blocks != 5 else max(1, min(parts, length // self.window))
-        part = -(-length // count)
-        self.reset_meter(label, skip, part, blocks)
-        return part, count
+        rest = length - self.window
+        count = 1 if blocks != 5 or rest < self.window else 1 + min(parts - 1, rest // self.window)
+        first, later = (length, 0) if count == 1 else (self.window, -(-rest // (count - 1)))
+        self.reset_meter(label, skip, first, blocks)
+        return first, later, count
 
     def measure_part(self, label: str, steps: int) -> None:
         """The next part of a window cut by ``measure_parts``: ``steps`` more, at once."""

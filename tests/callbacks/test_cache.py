@@ -350,9 +350,10 @@ def test_after_a_tuning_cache_hit_the_epoch_is_counted_in_samples_and_the_missin
 def test_a_cached_trial_in_parts_stops_after_its_first_when_slower_and_runs_them_all_when_faster(
         monkeypatch, tmp_path, cached_rate):
     """A cached trial's window cut into parts on a real fit: the rates are controlled and so is the pace that sizes
-    the windows (10 ms a step), so the cut is known. Slower than the window before it beyond noise, the trial stops
-    after its first part and the report says so; faster, every part runs and the cache is kept. Either way the model
-    trains on the same samples in the same order as without pipeopt."""
+    the windows (10 ms a step: a window of 30 steps, a first part of `window` steps then four of 7), so the cut is
+    known. Slower than the window before it beyond noise, the trial stops after its first part and the report says
+    so; faster, every part runs and the cache is kept. Either way the model trains on the same samples in the same
+    order as without pipeopt."""
     from pipeopt.tuning import cache_session, session
 
     data = CountingDataset(n=128, delay_s=0.001)
@@ -364,12 +365,12 @@ def test_a_cached_trial_in_parts_stops_after_its_first_when_slower_and_runs_them
     parts = [w for w in callback.windows if w.label.startswith("cache trial")]
     notes = callback.report.notes
     if cached_rate < 100.0:
-        assert len(parts) == 1 and callback.report.changes == []
-        assert any(f"stopped after 1 of its {cache_session.TRIAL_PARTS} parts" in n for n in notes)
+        assert len(parts) == 1 and parts[0].steps == 2 and callback.report.changes == []
+        assert any(f"stopped after 1 of its {cache_session.TRIAL_PARTS} parts (2 of 30 steps)" in n for n in notes)
     else:
         assert len(parts) == cache_session.TRIAL_PARTS and [c.knob for c in callback.report.changes] == ["cache"]
-        assert len({w.steps for w in parts}) == 1 and parts[0].steps >= 2  # equal parts, each at least `window`
-        assert [w.first_step for w in parts] == [parts[0].first_step + k * parts[0].steps for k in range(len(parts))]
+        assert [w.steps for w in parts] == [2, 7, 7, 7, 7]  # the first `window` steps, the rest in equal parts
+        assert all(b.first_step == a.first_step + a.steps for a, b in zip(parts, parts[1:]))  # one after another
         assert not any("stopped after" in n for n in notes)
     assert tuned.seen == plain.seen
     for name, value in plain.state_dict().items():

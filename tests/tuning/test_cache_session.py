@@ -487,7 +487,7 @@ def test_a_cached_trial_slower_beyond_noise_than_another_stops_after_its_first_p
     assert labels.count("cache trial: num_workers=8") == 1  # beaten by the main process alone after one part
     assert session.kept is not None and session.kept.num_workers == 0
     assert session.trials[1].rate is not None and session.trials[1].rate.value == 500.0
-    assert any("stopped after 1 of its 5 parts of 20 steps" in note and "num_workers=0" in note.split("than")[-1]
+    assert any("stopped after 1 of its 5 parts (20 of 100 steps)" in note and "num_workers=0" in note.split("than")[-1]
                for note in session.outcome.notes)
 
     session, labels = _parts_tried(lambda settings: world(settings, 980.0))  # within the 5 % floor

@@ -336,18 +336,20 @@ def test_more_workers_kept_on_a_climb_say_so_in_the_changes_reason():
     assert "the cheapest setting" not in reason  # 9 was not the cheapest setting no trial beat
 
 
-def test_a_window_in_parts_holds_the_steps_of_the_whole_window_and_never_cuts_whole_epochs():
+def test_a_window_in_parts_holds_the_steps_of_the_whole_window_the_first_part_shortest_and_whole_epochs_uncut():
+    """A trial's first part is the fewest steps a window holds (a far slower trial stops after those), the rest of
+    the window in equal parts of at least as many; a window too short for two parts, or of whole epochs, is one."""
     shapes: list[tuple] = []
     windows = TrialWindows(lambda label, skip, length, blocks: shapes.append((skip, length, blocks)), window=20,
                            min_window_s=2.9)
-    windows.last_step_s = 0.01  # 289 steps (2.9 s at 10 ms, rounded down): five parts of 58
+    windows.last_step_s = 0.01  # 289 steps (2.9 s at 10 ms, rounded down): 20, then four parts of 68
     four = USER.with_workers(4, persistent=True)
-    assert windows.measure_parts("trial", 13, four, 5) == (58, 5) and shapes[-1] == (13, 58, 5)
-    windows.measure_part("trial", 58)
-    assert shapes[-1] == (0, 58, 5)  # the next part at once: no skip
-    windows.last_step_s = 0.05  # 58 steps: parts of a fifth would be under `window`
-    assert windows.measure_parts("trial", 0, four, 5) == (29, 2)
+    assert windows.measure_parts("trial", 13, four, 5) == (20, 68, 5) and shapes[-1] == (13, 20, 5)
+    windows.measure_part("trial", 68)
+    assert shapes[-1] == (0, 68, 5)  # the next part at once: no skip
+    windows.last_step_s = 0.05  # 57 steps: 20, then the 37 left (two parts of 19 would be under `window`)
+    assert windows.measure_parts("trial", 0, four, 5) == (20, 37, 2)
     windows.last_step_s = 0.138  # 21 steps: one part, not two of `window` (40 steps where 21 were asked)
-    assert windows.measure_parts("trial", 0, four, 5) == (21, 1)
-    windows.last_step_s, windows.epoch_steps = 0.05, 30  # 58 steps are two epochs of 30: one window of them, uncut
-    assert windows.measure_parts("trial", 0, four, 5) == (60, 1) and shapes[-1] == (0, 60, 2)
+    assert windows.measure_parts("trial", 0, four, 5) == (21, 0, 1)
+    windows.last_step_s, windows.epoch_steps = 0.05, 30  # 57 steps are two epochs of 30: one window of them, uncut
+    assert windows.measure_parts("trial", 0, four, 5) == (60, 0, 1) and shapes[-1] == (0, 60, 2)
