@@ -347,7 +347,7 @@ def test_a_window_in_parts_holds_the_steps_of_the_whole_window_the_first_part_sh
     assert windows.measure_parts("trial", 13, four, 5) == (20, 68, 5) and shapes[-1] == (13, 20, 5)
     windows.measure_part("trial", 68)
     assert shapes[-1] == (0, 68, 5)  # the next part at once: no skip
-    windows.last_step_s = 0.05  # 57 steps: 20, then the 37 left (two parts of 19 would be under `window`)
+    windows.last_step_s = 0.05  # 57 steps: 20, then the 37 left in one part (too few for two of `window`)
     assert windows.measure_parts("trial", 0, four, 5) == (20, 37, 2)
     windows.last_step_s = 0.138  # 21 steps: one part, not two of `window` (40 steps where 21 were asked)
     assert windows.measure_parts("trial", 0, four, 5) == (21, 0, 1)
