@@ -127,8 +127,7 @@ class TrialWindows:
             return
         self.reset_meter(label, skip, *self._sized(settings, skip))
 
-    def measure_parts(self, label: str, skip: int, settings: LoaderSettings,
-                      parts: int) -> tuple[int, int, int]:
+    def measure_parts(self, label: str, skip: int, settings: LoaderSettings, parts: int) -> tuple[int, int, int]:
         """``measure``'s window for ``settings`` cut into up to ``parts`` windows, so that a trial can be judged before
         its end: the first of ``window`` steps, the fewest a window holds (a trial far slower than what it must beat
         costs that much), the rest of the window in equal parts of at least ``window`` steps; together as many steps
