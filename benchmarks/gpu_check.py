@@ -1,6 +1,6 @@
-"""Every check that needs an NVIDIA GPU, in one script (about 3 minutes on one H200-class GPU; limit 8).
+"""Every check that needs an NVIDIA GPU, in one script (about 6 minutes on one H200-class GPU; limit 8).
 
-    python benchmarks/gpu_check.py [--out benchmarks/results]
+    python benchmarks/gpu_check.py [--out benchmarks/results] [--only gpu-cache.json ...]
 
 Writes, into ``--out``:
 - ``gpu-foundation.json``: CUDA timing correctness, NVML sampling, observation overhead;
@@ -12,7 +12,9 @@ Writes, into ``--out``:
 - ``gpu-cache.json``: the sample cache and the loader search on CUDA, with the final weights compared bit for bit
   against a plain run;
 - ``gpu-dali.json``: DALI ``mixed`` decoding against the best DataLoader setting on the CPU-decode ImageFolder
-  (needs torchvision and DALI, else it records why it was skipped).
+  (needs torchvision and DALI, else it records why it was skipped);
+- ``gpu-validation-chain.json``: the sample cache's validation chain (``benchmarks.sample_cache``) with the model on
+  the GPU: pipeopt against the resident ceiling, the items held in memory and DataLoader workers (needs torchvision).
 Each file also names the device and the torch and Lightning versions. A section that raises records its traceback
 in its file, the others still run, and the exit status is 1. On a machine without CUDA it says so and exits 0
 without writing anything, so it is safe to run anywhere.
@@ -404,32 +406,59 @@ def check_dali(repeats: int = 2, steps: int = 40) -> dict[str, Any]:
             "dali_mixed_over_best_dataloader": rows[-1]["images_per_s"] / best["images_per_s"]}
 
 
+def check_validation_chain(copies: int = 16, epochs: int = 5, grid: tuple[int, ...] = (4, 8, 12)) -> dict[str, Any]:
+    """The sample cache's validation chain on the GPU: ``benchmarks.sample_cache``'s arms (the resident ceiling, the
+    items held in memory, DataLoader workers, pipeopt from ``num_workers=0`` with ``tune=("loader", "cache")``), each
+    beside the ceiling measured just before and after it, one round. ``copies`` x 512 entries of 384 px JPEGs,
+    Resize(128) + CenterCrop(112) + ToTensor + Normalize, a small CNN, 32 a step; the grid sized for this host's
+    CPUs rather than a 2-CPU one."""
+    import os
+
+    from benchmarks.sample_cache import CacheScenario, _workers, scenario_figures, validation_chain
+    from benchmarks.scenarios.workloads import Classifier, small_cnn
+
+    try:
+        import torchvision  # noqa: F401
+    except ImportError as err:
+        return {"skipped": f"{type(err).__name__}: {err}"}
+    scenario = CacheScenario(
+        "validation_chain_gpu", f"ImageFolder of {copies * 512:,} 384 px JPEG entries (512 files), Resize(128) + "
+        f"CenterCrop(112) + ToTensor + Normalize, small CNN on the GPU, 32/step, {epochs} epochs",
+        lambda: validation_chain(copies), lambda: Classifier(small_cnn(10)), 32, epochs, _workers(*grid),
+        ("loader", "cache"), vision=True, whole=True)
+    return {**scenario_figures(scenario, repeats=1), "cpus": os.cpu_count()}
+
+
+SECTIONS = {
+    "gpu-foundation.json": lambda: {"timing": check_timing(), "input_bound": check_input_bound(),
+                                    "overhead": check_overhead()},
+    "gpu-precision-batch.json": check_precision_and_batch,
+    "gpu-fit-and-cost.json": check_fit_and_cost,
+    "gpu-loader.json": check_loader,
+    "gpu-cache.json": check_cache,
+    "gpu-dali.json": check_dali,
+    "gpu-validation-chain.json": check_validation_chain,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="these sections alone (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; nothing to check (run it where a GPU is available).")
         return 0
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    sections = {
-        "gpu-foundation.json": lambda: {"timing": check_timing(), "input_bound": check_input_bound(),
-                                        "overhead": check_overhead()},
-        "gpu-precision-batch.json": check_precision_and_batch,
-        "gpu-fit-and-cost.json": check_fit_and_cost,
-        "gpu-loader.json": check_loader,
-        "gpu-cache.json": check_cache,
-        "gpu-dali.json": check_dali,
-    }
     args.out.mkdir(parents=True, exist_ok=True)
     environment = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                    "pytorch_lightning": pl.__version__, "python": sys.version.split()[0]}
     failed = 0
-    for name, check in sections.items():  # each section on its own: one that breaks leaves the others' figures
+    for name in args.only or SECTIONS:  # each section on its own: one that breaks leaves the others' figures
         started = time.perf_counter()
         try:
-            figures = check()
+            figures = SECTIONS[name]()
         except Exception:  # recorded in its file, not hidden: the exit status says one failed
             figures, failed = {"error": traceback.format_exc()}, failed + 1
         figures["elapsed_s"] = time.perf_counter() - started

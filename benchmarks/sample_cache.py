@@ -43,6 +43,7 @@ from typing import Any
 
 import psutil
 import pytorch_lightning as pl
+import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, Dataset
 
@@ -143,10 +144,14 @@ SCENARIOS = {s.name: s for s in (
 
 
 class BatchClock(pl.Callback):
+    """The time at the end of every training batch; on a GPU after the device has finished the step."""
+
     def __init__(self) -> None:
         self.ends: list[float] = []
 
-    def on_train_batch_end(self, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
+        if module.device.type == "cuda":
+            torch.cuda.synchronize(module.device)
         self.ends.append(time.perf_counter())
 
 
@@ -240,11 +245,16 @@ class Resident:
         return len(self.batches)
 
 
+def prep_workers(s: CacheScenario) -> int:
+    """Workers that make the ceiling's batches and the items beforehand (only their values matter): many for
+    storage latency (sleeps), one per CPU for decoding."""
+    return (os.cpu_count() or 2) if s.vision else 32
+
+
 def ceiling_batches(s: CacheScenario, dataset: Dataset) -> Resident:
-    """One epoch's batches, made beforehand (with many workers: only their values matter) and kept resident."""
-    workers = 32 if not s.vision else 2
+    """One epoch's batches, made beforehand and kept resident."""
     return Resident(list(DataLoader(dataset, batch_size=s.batch_size, shuffle=True, drop_last=True,
-                                    num_workers=workers)))
+                                    num_workers=prep_workers(s))))
 
 
 class Items(Dataset):
@@ -290,7 +300,7 @@ def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path) -> dict[st
 def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
     dataset = s.make_dataset()
     resident = ceiling_batches(s, dataset)
-    items = Items(dataset, 2 if s.vision else 32) if s.whole else None
+    items = Items(dataset, prep_workers(s)) if s.whole else None
     rounds = []
     for r in range(repeats):
         arms: list[tuple[str, Callable[[], dict[str, Any]]]] = [
