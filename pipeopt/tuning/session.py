@@ -145,9 +145,10 @@ class TrialWindows:
         """The next part of a window cut by ``measure_parts``: ``steps`` more, at once."""
         self.reset_meter(label, 0, steps, 5)
 
-    def _sized(self, settings: LoaderSettings, skip: int) -> tuple[int, int]:
+    def _sized(self, settings: LoaderSettings, skip: int, left: int | None = None) -> tuple[int, int]:
+        """``_shape`` cut to a third of the steps left after ``skip`` (``left``: that many, else the fit's now)."""
         length, blocks = self._shape(settings)
-        left = self.steps_left()
+        left = self.steps_left() if left is None else left
         if left is not None and blocks == 5:  # (whole-epoch windows are sized by epochs, not seconds)
             length = max(self.window, settings.in_flight, min(length, (left - skip) // 3))
         return length, blocks
@@ -157,12 +158,20 @@ class TrialWindows:
         """Optimizer steps a trial of ``candidate`` and the after-windows that may follow it take, ``applied`` being
         in place: both loaders' in-flight batches skipped and a window shaped for the candidate; then, for whichever
         is chosen - the candidate or a setting ``tried`` before it - the switch back to it (both loaders'
-        in-flight batches again) and two windows shaped for it (the second when the first is too close to call)."""
+        in-flight batches again) and two windows shaped for it (the second when the first is too close to call).
+        Each window as ``measure`` will cut it, from the steps left then: where the fit is bounded, a window paced in
+        seconds is shortened to fit rather than the trial refused."""
+        left = self.steps_left()
+        skip = applied.in_flight + candidate.in_flight
+        trial = skip + self._sized(candidate, skip, left)[0]
+
         def after(chosen: LoaderSettings) -> int:
             switch = 0 if chosen == candidate else candidate.in_flight + chosen.in_flight
-            return switch + 2 * self._shape(chosen)[0]
+            rest = None if left is None else left - trial
+            first = self._sized(chosen, switch, rest)[0]
+            second = self._sized(chosen, 0, None if rest is None else rest - switch - first)[0]
+            return switch + first + second
 
-        trial = applied.in_flight + candidate.in_flight + self._shape(candidate)[0]
         return trial + max(after(chosen) for chosen in (candidate, *tried))
 
     def _step_s(self, settings: LoaderSettings) -> float | None:

@@ -249,6 +249,22 @@ def test_no_cache_trial_starts_that_the_fit_cannot_finish():
     assert any("too few for a cached trial and an after-window" in n for n in session.outcome.notes)
 
 
+def test_a_cache_trial_starts_in_a_short_fit_with_its_windows_cut_to_what_is_left():
+    """Steps of 10 ms and ``window_s`` of 3 s: windows of 300 steps, three of which a fit with 400 steps left cannot
+    hold. ``measure`` would cut them to a third of what is left, so the trial starts (found on a GPU: a store full
+    with 800 steps to go, refused for needing 1,405)."""
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20, min_window_s=3.0,
+                                                          steps_left=lambda: 400),
+                           warm=lambda: True, fills=lambda: True)
+    session.begin(0.6)
+    for _ in range(2):  # the store is warm: the window before, then the trial
+        session.on_window(make_window(samples_per_s=3200.0, step_time_s=0.01, data_wait_frac=0.6, rate_rel_se=0.01))
+        session.on_step_end()
+    assert session.state == "trial" and [s.cache for s in switcher.switches] == [True]
+
+
 def test_under_dali_no_store_is_filled_that_the_fit_could_not_try_after_the_epoch_that_made_it():
     """The store is read from the epoch after the one that made it: a fill that leaves no room for a cached trial
     and its after-window then costs the rest of the epoch at the filling DataLoader's pace, for nothing."""

@@ -1,5 +1,7 @@
 """The tuning session against a fake switcher and fake ranks: the agreed figures drive every decision."""
 
+import dataclasses
+
 import pytest
 
 from pipeopt.tuning.agreement import agree
@@ -235,6 +237,24 @@ def test_a_trials_room_holds_the_switch_back_to_a_setting_tried_before_it_and_it
     trial = 9 + 17 + 17  # from four to eight: both queues skipped, a window as long as eight's queue
     assert windows.trial_steps(four, eight) == trial + 2 * 17
     assert windows.trial_steps(four, eight, [four]) == trial + (17 + 9) + 2 * 9  # four chosen: back to it
+
+
+def test_a_trials_room_in_a_bounded_fit_counts_its_windows_as_they_will_be_cut():
+    """A trial predicted much faster than the window before it has windows of ``min_window_s`` at the new pace:
+    thousands of steps, more than a short fit has left. ``measure`` cuts each to a third of what is left then, so
+    the room a trial needs is counted with those cuts - the trial is not refused for windows it would never run."""
+    four, cached = USER.with_workers(4, persistent=True), dataclasses.replace(USER, cache=True)
+    windows = TrialWindows(lambda *args: None, window=20, min_window_s=1.0, steps_left=lambda: 800)
+    windows.last_step_s, windows.last_rate = 0.01, 3200.0  # 100 steps a second
+    windows.predicted = {cached: 14000.0}.get  # 1 s at the predicted pace: 437 steps
+    skip = four.in_flight + cached.in_flight
+    trial = skip + (800 - skip) // 3
+    first = (800 - trial) // 3
+    assert windows.trial_steps(four, cached) == trial + first + (800 - trial - first) // 3 <= 800
+    windows.steps_left = lambda: None  # an unbounded fit: whole windows of 1 s each
+    assert windows.trial_steps(four, cached) == skip + 3 * 437
+    windows.steps_left = lambda: 60  # too short even for windows of `window` steps
+    assert windows.trial_steps(four, cached) == skip + 3 * 20 > 60
 
 
 def _tuned_in_a_fit_of(fit_steps):
