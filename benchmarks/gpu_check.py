@@ -406,7 +406,7 @@ def check_dali(repeats: int = 2, steps: int = 40) -> dict[str, Any]:
             "dali_mixed_over_best_dataloader": rows[-1]["images_per_s"] / best["images_per_s"]}
 
 
-def check_validation_chain(copies: int = 16, epochs: int = 5, grid: tuple[int, ...] = (4, 8, 12)) -> dict[str, Any]:
+def check_validation_chain(copies: int = 16, epochs: int = 8, grid: tuple[int, ...] = (8, 12)) -> dict[str, Any]:
     """The sample cache's validation chain on the GPU: ``benchmarks.sample_cache``'s arms (the resident ceiling, the
     items held in memory, DataLoader workers, pipeopt from ``num_workers=0`` with ``tune=("loader", "cache")``), each
     beside the ceiling measured just before and after it, one round. ``copies`` x 512 entries of 384 px JPEGs,
