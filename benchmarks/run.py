@@ -195,7 +195,7 @@ def _history_rows() -> list[str]:
         name, stamp, commit = _history_name(path)
         when = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]} {stamp[9:11]}:{stamp[11:13]}"
         p = r.get("pipeopt")
-        if "scenario" not in r:  # a GPU check's file (``benchmarks/gpu_check.py``), one per check
+        if "environment" in r:  # a GPU check's file (``benchmarks/gpu_check.py``), one per check
             device = r.get("environment", {}).get("device", "a GPU")
             rows.append(f"| {when} | {commit} | {name} | `python3 benchmarks/gpu_check.py --out <dir>` | "
                         f"checks on {device}: `{name}.json` |")
