@@ -26,6 +26,7 @@ import argparse
 import io
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -412,15 +413,13 @@ def check_validation_chain(copies: int = 16, epochs: int = 8, grid: tuple[int, .
     beside the ceiling measured just before and after it, one round. ``copies`` x 512 entries of 384 px JPEGs,
     Resize(128) + CenterCrop(112) + ToTensor + Normalize, a small CNN, 32 a step; the grid sized for this host's
     CPUs rather than a 2-CPU one."""
-    import os
-
-    from benchmarks.sample_cache import CacheScenario, _workers, scenario_figures, validation_chain
-    from benchmarks.scenarios.workloads import Classifier, small_cnn
-
     try:
         import torchvision  # noqa: F401
     except ImportError as err:
         return {"skipped": f"{type(err).__name__}: {err}"}
+    from benchmarks.sample_cache import CacheScenario, _workers, scenario_figures, validation_chain
+    from benchmarks.scenarios.workloads import Classifier, small_cnn
+
     scenario = CacheScenario(
         "validation_chain_gpu", f"ImageFolder of {copies * 512:,} 384 px JPEG entries (512 files), Resize(128) + "
         f"CenterCrop(112) + ToTensor + Normalize, small CNN on the GPU, 32/step, {epochs} epochs",
