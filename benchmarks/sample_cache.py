@@ -18,8 +18,9 @@ For each scenario, in one invocation and in rounds whose order rotates (every re
 Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
 epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
 Memory: the peak of the whole process tree's memory (main process and loader workers), sampled every 0.5 s: the
-sum of their RSS less the shared memory they map, plus the shared memory in use (``PeakRss``: the store, which every
-reader maps, counted once) - and the store's bytes beside its budget. Writes ``benchmarks/results/sample_cache.json``
+sum of their proportional set sizes less the shared memory they map, plus the shared memory in use (``PeakMemory``:
+a page a forked worker shares with its parent, and the store, which every reader maps, each counted once) - and the
+store's bytes beside its budget. Writes ``benchmarks/results/sample_cache.json``
 (merged per scenario, so the two venvs' runs sit side by side), a copy in ``results/history/`` and the tables in
 ``results/README.md``.
 """
@@ -155,19 +156,20 @@ class BatchClock(pl.Callback):
         self.ends.append(time.perf_counter())
 
 
-class PeakRss:
+class PeakMemory:
     """The largest memory of this process and all its descendants, sampled every ``every_s`` in a thread: the sum of
-    their RSS without the shared memory they map, plus what the RAM-backed ``/dev/shm`` holds beyond what it held at
-    the start - shared memory (the sample store, which every reader maps; the batches workers hand over) counted once,
-    not once per process that maps it. Pages a fork shares are still counted once per process, so the sum
-    over-states the tree's own memory."""
+    their proportional set sizes (``_own_memory``) without the shared memory they map, plus what the RAM-backed
+    ``/dev/shm`` holds beyond what it held at the start - shared memory (the sample store, which every reader maps;
+    the batches workers hand over) counted once, not once per process that maps it. A page that n processes map
+    counts 1/n in each, so the pages a forked loader worker shares with the training process are counted once (a
+    sum of RSS counted them in every worker: 21-24 GB for a tree whose store held 2.3 GB)."""
 
     def __init__(self, every_s: float = 0.5) -> None:
         self.peak, self._every, self._stop = 0, every_s, threading.Event()
         self._shm_at_start = _shm_used()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> PeakRss:
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 
@@ -180,19 +182,34 @@ class PeakRss:
         while not self._stop.is_set():
             total = max(0, _shm_used() - self._shm_at_start)
             for p in [me, *descendants(me)]:  # pipeopt's own: no scan of every process twice a second
-                total += _own_rss(p.pid)
+                total += _own_memory(p.pid)
             self.peak = max(self.peak, total)
             self._stop.wait(self._every)
 
 
-def _own_rss(pid: int) -> int:
-    """A process's resident bytes less the shared memory it maps (``RssShmem``; Linux's ``/proc/<pid>/status``)."""
+def _own_memory(pid: int) -> int:
+    """A process's share of the memory it maps, less the shared memory (Linux's ``/proc/<pid>/smaps_rollup``: ``Pss``
+    less ``Pss_Shmem``); where the kernel gives no such split, its resident bytes less the shared memory it maps
+    (``VmRSS`` less ``RssShmem`` in ``/proc/<pid>/status``). 0 for a process that ended meanwhile."""
     try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                      if line.startswith(("VmRSS", "RssShmem")))
-    except OSError:  # the process ended meanwhile
+        rollup = _kilobytes(Path(f"/proc/{pid}/smaps_rollup"))
+        if "Pss" in rollup and "Pss_Shmem" in rollup:
+            return 1024 * (rollup["Pss"] - rollup["Pss_Shmem"])
+        status = _kilobytes(Path(f"/proc/{pid}/status"))
+    except OSError:
         return 0
-    return 1024 * (int(fields.get("VmRSS", "0 kB").split()[0]) - int(fields.get("RssShmem", "0 kB").split()[0]))
+    return 1024 * (status.get("VmRSS", 0) - status.get("RssShmem", 0))
+
+
+def _kilobytes(path: Path) -> dict[str, int]:
+    """The ``Name:  <n> kB`` lines of a ``/proc`` file, as {name: n}."""
+    fields = {}
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            fields[name] = int(parts[0])
+    return fields
 
 
 def _shm_used() -> int:
@@ -220,7 +237,7 @@ def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback], epochs: int
     trainer = pl.Trainer(accelerator="auto", devices=1, max_epochs=epochs, callbacks=[clock, *callbacks],
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    with PeakRss() as rss:
+    with PeakMemory() as memory:
         start = time.perf_counter()
         trainer.fit(s.make_model(), loader)
         wall = time.perf_counter() - start
@@ -229,7 +246,7 @@ def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback], epochs: int
     from2 = (len(clock.ends) - steps) * s.batch_size / (clock.ends[-1] - clock.ends[steps - 1])
     whole = len(clock.ends) * s.batch_size / (clock.ends[-1] - start)  # the first epoch's fill and trials too
     return {"epoch_samples_per_s": rates, "from_epoch2_samples_per_s": from2, "whole_fit_samples_per_s": whole,
-            "wall_s": wall, "peak_rss_bytes": rss.peak}
+            "wall_s": wall, "peak_memory_bytes": memory.peak}
 
 
 class Resident:
@@ -367,6 +384,14 @@ def _mmm(values: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(median(values))} [{fmt.format(min(values))} - {fmt.format(max(values))}]"
 
 
+def _peak(arm: dict[str, Any]) -> str:
+    """An arm's peak memory: proportional (``PeakMemory``), or - in results measured before it - the sum of RSS, which
+    counts the pages forked workers share once per worker (marked "RSS")."""
+    if "peak_memory_bytes" in arm:
+        return f"{arm['peak_memory_bytes'] / 2**30:.2f} GiB"
+    return f"{arm['peak_rss_bytes'] / 2**30:.2f} GiB RSS"
+
+
 def _bound(rounds: list[dict[str, Any]], key: str) -> str:
     values = [r[key] for r in rounds if key in r]
     return _mmm(values) if values else "-"
@@ -379,7 +404,7 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
              "pipeopt / ceiling, last epoch | pipeopt / best DataLoader | pipeopt / best DataLoader, whole fit | "
              "items in memory / the ceiling beside it | "
              "pipeopt / items in memory | "
-             "pipeopt kept | store used / budget | peak RSS of the process tree, pipeopt vs best DataLoader |",
+             "pipeopt kept | store used / budget | peak memory of the process tree, pipeopt vs best DataLoader |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, s in data["scenarios"].items():
         rounds = s["rounds"]
@@ -390,8 +415,7 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
                          for r in rounds)
         stores = [r["arms"]["pipeopt"]["cache"] for r in rounds if r["arms"]["pipeopt"]["cache"]]
         used = "; ".join(f"{c['bytes_used'] / 2**20:,.0f} MiB / {c['budget_bytes'] / 2**30:,.1f} GiB" for c in stores)
-        pss = "; ".join(f"{r['arms']['pipeopt']['peak_rss_bytes'] / 2**30:.2f} vs "
-                        f"{r['arms'][r['best_dataloader']]['peak_rss_bytes'] / 2**30:.2f} GiB" for r in rounds)
+        pss = "; ".join(f"{_peak(r['arms']['pipeopt'])} vs {_peak(r['arms'][r['best_dataloader']])}" for r in rounds)
         bests = ", ".join(sorted({r["best_dataloader"] for r in rounds}))
         lines.append(f"| {name} | {_mmm(ceiling, '{:,.0f}')} | {bests} | {_mmm(best, '{:,.0f}')} | "
                      f"{_mmm(ours, '{:,.0f}')} | "
