@@ -196,7 +196,7 @@ def _history_rows() -> list[str]:
         when = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]} {stamp[9:11]}:{stamp[11:13]}"
         p = r.get("pipeopt")
         if "environment" in r:  # a GPU check's file (``benchmarks/gpu_check.py``), one per check
-            device = r.get("environment", {}).get("device", "a GPU")
+            device = r["environment"].get("device", "a GPU")
             rows.append(f"| {when} | {commit} | {name} | `python3 benchmarks/gpu_check.py --out <dir>` | "
                         f"checks on {device}: `{name}.json` |")
             continue

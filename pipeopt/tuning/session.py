@@ -145,10 +145,12 @@ class TrialWindows:
         """The next part of a window cut by ``measure_parts``: ``steps`` more, at once."""
         self.reset_meter(label, 0, steps, 5)
 
-    def _sized(self, settings: LoaderSettings, skip: int, left: int | None = None) -> tuple[int, int]:
-        """``_shape`` cut to a third of the steps left after ``skip`` (``left``: that many, else the fit's now)."""
+    def _sized(self, settings: LoaderSettings, skip: int) -> tuple[int, int]:
+        return self._cut(settings, skip, self.steps_left())
+
+    def _cut(self, settings: LoaderSettings, skip: int, left: int | None) -> tuple[int, int]:
+        """``_shape`` cut to a third of the ``left`` steps after ``skip`` (None: an unbounded fit, not cut)."""
         length, blocks = self._shape(settings)
-        left = self.steps_left() if left is None else left
         if left is not None and blocks == 5:  # (whole-epoch windows are sized by epochs, not seconds)
             length = max(self.window, settings.in_flight, min(length, (left - skip) // 3))
         return length, blocks
@@ -163,14 +165,13 @@ class TrialWindows:
         seconds is shortened to fit rather than the trial refused."""
         left = self.steps_left()
         skip = applied.in_flight + candidate.in_flight
-        trial = skip + self._sized(candidate, skip, left)[0]
+        trial = skip + self._cut(candidate, skip, left)[0]
 
         def after(chosen: LoaderSettings) -> int:
             switch = 0 if chosen == candidate else candidate.in_flight + chosen.in_flight
             rest = None if left is None else left - trial
-            first = self._sized(chosen, switch, rest)[0]
-            second = self._sized(chosen, 0, None if rest is None else rest - switch - first)[0]
-            return switch + first + second
+            first = self._cut(chosen, switch, rest)[0]
+            return switch + first + self._cut(chosen, 0, None if rest is None else rest - switch - first)[0]
 
         return trial + max(after(chosen) for chosen in (candidate, *tried))
 
