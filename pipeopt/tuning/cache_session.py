@@ -34,7 +34,10 @@ of finishing a window of the slow settings first. Then, on the live run:
    remaining parts would only cost the fit time;
 4. the choice - only when a cached trial beat ``before`` beyond noise: the cheapest cached setting (fewest workers,
    then workers not giving way) no other cached trial beats beyond noise, confirmed by an after-window against
-   ``before`` (once more when too close to call); otherwise the settings in place stay.
+   ``before`` (once more when too close to call); otherwise the settings in place stay. The after-window is
+   measured in even parts (``AFTER_PARTS``) and ends at the first whose parts so far are clearly faster than
+   ``before`` (twice the gap ``faster`` asks: ``noise.clearly_faster``) - on a fast step the window, a trial's
+   length at the new pace, would otherwise hold a second or two of epochs to confirm a gain its first third shows.
 """
 
 from __future__ import annotations
@@ -50,13 +53,16 @@ from pipeopt.measure.window import WindowStats
 from pipeopt.tuning.agreement import ANY, ReduceMax, agree, agreed
 from pipeopt.tuning.findings import Change, Outcome
 from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, INPUT_SOLVED_WAIT, LoaderSettings
-from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, faster, measured
+from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, clearly_faster, faster, measured
 from pipeopt.tuning.session import Agreed, Switcher, TrialWindows, after_verdict, first_line, not_faster, settled
 
 #: At most this many trials between the workers in place and the main process alone.
 MAX_FEWER = 3
 #: A cached trial's window is measured in up to this many parts, judged at the end of each (``CacheSession``).
 TRIAL_PARTS = 5
+#: An after-window is measured in up to this many even parts; it ends at the first whose parts so far are clearly
+#: faster than the window before (``noise.clearly_faster``).
+AFTER_PARTS = 3
 
 
 class CachePhase(str, Enum):
@@ -110,6 +116,8 @@ class CacheSession:
         self.before: Rate | None = None
         self.after: WindowStats | None = None  # the after-window of a kept cache: measured after every change
         self.trials, self._after = list[CacheTrial](), list[Rate]()
+        self._after_parts: list[tuple[Rate, float, float]] = []  # the after-window in place: its parts so far
+        self._after_shape = (0, 1)  # ... each part's steps, and how many parts it has
         self.chosen: CacheTrial | None = None
         self.outcome = Outcome()
 
@@ -189,7 +197,7 @@ class CacheSession:
             self._on_trial(measured, figures.data_wait_frac, figures.step_time_s * stats.steps, error)
         else:
             self.after = stats
-            self._on_after(measured)
+            self._on_after(measured, figures.step_time_s * stats.steps, figures.data_wait_frac)
 
     # -- the phases -------------------------------------------------------------------------------------------
     def _ready(self) -> None:
@@ -253,20 +261,36 @@ class CacheSession:
             return
         self.chosen = cheapest_unbeaten(ok, self._floor)
         self._say(f"chose {self.chosen.settings.describe()}; measuring it against the window before")
-        if self._applied != self.chosen.settings:
-            self._apply(self.chosen.settings, "cache: after")
-        else:
-            self._windows.measure("cache: after", 0, self._applied)
+        previous, self._applied = self._applied, self.chosen.settings
+        if previous != self._applied:
+            self._switcher.switch(self._applied)
+        self._after_window(previous.in_flight + self._applied.in_flight if previous != self._applied else 0)
         self._switcher.settle()
         self.state = CachePhase.AFTER
 
-    def _on_after(self, rate: Rate | None) -> None:
+    def _after_window(self, skip: int) -> None:
+        """An after-window of the setting in place, after ``skip`` steps: in even parts (``AFTER_PARTS``), the first
+        at once."""
+        self._after_parts = []
+        steps, _, count = self._windows.measure_parts("cache: after", skip, self._applied, AFTER_PARTS, even=True)
+        self._after_shape = (steps, count)
+
+    def _on_after(self, rate: Rate | None, seconds: float, wait: float) -> None:
+        """A part of the after-window ended: the next part; or - at the window's end, or at a part whose parts so
+        far are clearly faster than the window before (a gain that large, measured after the change, the rest of
+        the window could not undo) - the window's rate, judged (``after_verdict``)."""
         before, chosen = self.before, self.chosen
         if rate is None or before is None or chosen is None or chosen.rate is None:
             self.after = None
             self._finish("the chosen loader's workers failed in the after-window")
             return
-        self._after.append(rate)
+        self._after_parts.append((rate, seconds, wait))
+        pooled = pool(self._after_parts)[0]
+        steps, count = self._after_shape
+        if len(self._after_parts) < count and not clearly_faster(pooled, before, self._floor):
+            self._windows.measure_part("cache: after", steps)
+            return
+        self._after.append(pooled)
         verdict, after = after_verdict(self._after, before, self._floor), measured(settled(self._after))
         if verdict == "kept":
             self.outcome.changes = kept_changes(chosen, self.baseline, after, before, self.trials)
@@ -274,7 +298,7 @@ class CacheSession:
             self._say(f"kept {chosen.settings.describe()}")
             self.state = CachePhase.DONE
         elif verdict == "again":
-            self._windows.measure("cache: after", 0, self._applied)
+            self._after_window(0)
         else:
             self.after = None
             self._finish(not_faster(after, before))

@@ -127,17 +127,23 @@ class TrialWindows:
             return
         self.reset_meter(label, skip, *self._sized(settings, skip))
 
-    def measure_parts(self, label: str, skip: int, settings: LoaderSettings, parts: int) -> tuple[int, int, int]:
-        """``measure``'s window for ``settings`` cut into up to ``parts`` windows, so that a trial can be judged before
-        its end: the first of ``window`` steps, the fewest a window holds (a trial far slower than what it must beat
-        costs that much), the rest of the window in equal parts of at least ``window`` steps; together as many steps
-        as the window (fewer than a step more a part). A window too short for two parts, or of whole epochs, is one.
-        The first part is measured now, the rest by ``measure_part``. The first part's steps, each later part's, and
-        how many parts in all."""
+    def measure_parts(self, label: str, skip: int, settings: LoaderSettings, parts: int, *,
+                      even: bool = False) -> tuple[int, int, int]:
+        """``measure``'s window for ``settings`` cut into up to ``parts`` windows, so that it can be judged before its
+        end: the first of ``window`` steps, the fewest a window holds (a trial far slower than what it must beat
+        costs that much), the rest of the window in equal parts of at least ``window`` steps - or, ``even``, every
+        part of the same length, at least ``window`` steps (a first look that already spans a share of the window's
+        seconds); together as many steps as the window (fewer than a step more a part). A window too short for two
+        parts, or of whole epochs, is one. The first part is measured now, the rest by ``measure_part``. The first
+        part's steps, each later part's, and how many parts in all."""
         length, blocks = self._sized(settings, skip)
-        rest = length - self.window
-        count = 1 if blocks != 5 or rest < self.window else 1 + min(parts - 1, rest // self.window)
-        first, later = (length, 0) if count == 1 else (self.window, -(-rest // (count - 1)))
+        if even:
+            count = 1 if blocks != 5 else max(1, min(parts, length // self.window))
+            first = later = -(-length // count)
+        else:
+            rest = length - self.window
+            count = 1 if blocks != 5 or rest < self.window else 1 + min(parts - 1, rest // self.window)
+            first, later = (length, 0) if count == 1 else (self.window, -(-rest // (count - 1)))
         self.reset_meter(label, skip, first, blocks)
         return first, later, count
 

@@ -469,14 +469,20 @@ def test_cached_workers_give_way_and_the_choice_is_tried_last_at_the_usual_prior
     assert "give_way" not in {c.knob for c in session.outcome.changes}
 
 
-def _parts_tried(world):
+def _parts_tried(world, shapes: list[tuple[str, int]] | None = None):
     """The labels of the windows a session measured in ``world`` (whole items, the main process alone first), each
-    trial's window asking for 10 s - five parts of 20 steps at 100 ms a step."""
+    trial's window asking for 10 s - five parts of 20 steps at 100 ms a step; each label and its steps in
+    ``shapes``."""
     labels: list[str] = []
+    shapes = [] if shapes is None else shapes
+
+    def window(label: str, skip: int, steps: int, blocks: int) -> None:
+        labels.append(label)
+        shapes.append((label.split(",")[0], steps))
+
     switcher = FakeSwitcher()
     switcher.current = EIGHT
-    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
-                                                          min_window_s=10.0),
+    session = CacheSession(switcher, windows=TrialWindows(window, min_window_s=10.0),
                            warm=lambda: True, fills=lambda: True, alone_first=True)
     session.begin(0.6)
     for _ in range(40):
@@ -509,3 +515,22 @@ def test_a_cached_trial_slower_beyond_noise_than_another_stops_after_its_first_p
     session, labels = _parts_tried(lambda settings: world(settings, 980.0))  # within the 5 % floor
     assert labels.count("cache trial: num_workers=8") == 5
     assert not any("stopped after" in note for note in session.outcome.notes)
+
+
+def test_an_after_window_ends_at_its_first_part_that_is_clearly_faster_and_runs_whole_when_close():
+    """The after-window (10 s at 100 ms a step: three even parts) of a cache that reads 2.5x the window before ends
+    after its first part - the gain is measured after the change, and the rest of the window could not undo it; a
+    gain just beyond noise (430 against 400/s) is kept only after the whole window."""
+    def world(cached_rate):
+        return lambda settings: (cached_rate, 0.01) if settings.cache else (400.0, 0.6)
+
+    shapes: list[tuple[str, int]] = []
+    session, _ = _parts_tried(world(1000.0), shapes)
+    assert [steps for label, steps in shapes if label == "cache: after"] == [34]  # one part of 34 steps, not 100
+    assert session.kept is not None and session.kept.num_workers == 0
+    assert session.outcome.changes[0].measured_speedup == 2.5
+
+    shapes.clear()
+    session, _ = _parts_tried(world(430.0), shapes)
+    assert [steps for label, steps in shapes if label == "cache: after"] == [34, 34, 34]
+    assert session.kept is not None and round(session.outcome.changes[0].measured_speedup, 3) == 1.075

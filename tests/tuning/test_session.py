@@ -373,3 +373,21 @@ def test_a_window_in_parts_holds_the_steps_of_the_whole_window_the_first_part_sh
     assert windows.measure_parts("trial", 0, four, 5) == (21, 0, 1)
     windows.last_step_s, windows.epoch_steps = 0.05, 30  # 57 steps are two epochs of 30: one window of them, uncut
     assert windows.measure_parts("trial", 0, four, 5) == (60, 0, 1) and shapes[-1] == (0, 60, 2)
+
+
+def test_a_window_in_even_parts_looks_first_after_a_share_of_the_whole_window():
+    """An after-window's parts are even (its first look already spans a share of the window's seconds): as many as
+    asked where each holds at least ``window`` steps, together the whole window; fewer where the window is
+    shorter; whole epochs uncut."""
+    shapes: list[tuple] = []
+    windows = TrialWindows(lambda label, skip, length, blocks: shapes.append((skip, length, blocks)), window=20,
+                           min_window_s=3.0)
+    four = USER.with_workers(4, persistent=True)
+    windows.last_step_s = 0.01  # 300 steps: three parts of 100
+    assert windows.measure_parts("after", 7, four, 3, even=True) == (100, 100, 3) and shapes[-1] == (7, 100, 5)
+    windows.last_step_s = 0.06  # 50 steps: two parts of 25 (three would hold fewer than `window`)
+    assert windows.measure_parts("after", 0, four, 3, even=True) == (25, 25, 2)
+    windows.last_step_s = 0.1  # 30 steps: one part
+    assert windows.measure_parts("after", 0, four, 3, even=True) == (30, 30, 1)
+    windows.last_step_s, windows.epoch_steps = 0.01, 100  # 300 steps are three epochs: one window of them
+    assert windows.measure_parts("after", 0, four, 3, even=True) == (300, 300, 1) and shapes[-1] == (0, 300, 3)
