@@ -19,7 +19,7 @@ from pipeopt.apply.backfill import Backfill
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
 from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
 from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats, sweep
-from pipeopt.callbacks.loader_start import epoch_steps, steps_left
+from pipeopt.callbacks.loader_start import epoch_steps, rank_cpus, steps_left
 from pipeopt.config import PipeOptConfig
 from pipeopt.measure.window import WindowMeter
 from pipeopt.report.model import SampleCacheFigures
@@ -96,7 +96,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
                            alone_first=split.whole, quiet=ahead.quiet,
-                           to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
+                           to_warm=lambda: steps_to_warm(trainer, made["epoch"]),
+                           max_workers=None if config.sample_cache_dir is not None else rank_cpus(trainer))
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
         session.restore(LoaderSettings(**restored["cache"]) if restored["cache"] else None)

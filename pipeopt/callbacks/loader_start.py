@@ -75,7 +75,7 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
         for group in [g for g in groups if g == "loader" or dali is not None]:
             skip(group, short, warn=False)
         return None
-    cpus = max(1, cpus_available() // max(1, trainer.num_devices))
+    cpus = rank_cpus(trainer)
     switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
     memory = WorkerMemory.measure(agree)
     budget = Budget(cpus=cpus, memory_bytes=memory.available, cuda=cuda, more_epochs=more_epochs_ahead(trainer),
@@ -107,6 +107,11 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
             if usable(cached):
                 session.verify_cached(cached, float(entry["samples_per_s"]))
     return start
+
+
+def rank_cpus(trainer: Any) -> int:
+    """The CPUs a rank may use: those of this process, shared by the node's ranks."""
+    return max(1, cpus_available() // max(1, trainer.num_devices))
 
 
 def steps_left(trainer: Any) -> Callable[[], int | None]:

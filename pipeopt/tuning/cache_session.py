@@ -16,11 +16,13 @@ of finishing a window of the slow settings first. Then, on the live run:
    (taking that away could not beat the noise floor) - pooled windows that say so are confirmed by a window measured
    now (the host may have run the step slower while they were measured); the user's own settings under 10 % (the
    loader search's before-window) skip the whole session (``begin``);
-2. a trial reading from the store with the same workers - giving way to the training process (below its CPU
-   priority: ``apply.loader.GiveWay``), as every cached trial's workers do until the last: with little left to do
-   per sample, they take the CPU time the step leaves, where at the usual priority, on oversubscribed CPUs, the
-   step's intra-op threads wait out their time slices (measured: the same cached workers read 1.2-1.5x faster
-   giving way, ``benchmarks/results/README.md``; the fit may have room for one cached trial only);
+2. a trial reading from the store with the same workers (at most one per CPU where the store is in memory: what is
+   left per sample is CPU work then; workers beyond the CPUs hid a latency the store removed) - giving way to the
+   training process (below its CPU priority: ``apply.loader.GiveWay``), as every cached trial's workers do until
+   the last: with little left to do per sample, they take the CPU time the step leaves, where at the usual
+   priority, on oversubscribed CPUs, the step's intra-op threads wait out their time slices (measured: the same
+   cached workers read 1.2-1.5x faster giving way, ``benchmarks/results/README.md``; the fit may have room for one
+   cached trial only);
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
    slower beyond noise, trials halving the workers while each keeps pace with the best cached trial (at most
@@ -98,8 +100,13 @@ class CacheSession:
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, prepare: Callable[[], str | None] = lambda: None,
                  alone_first: bool = False, holds_epoch: Callable[[], bool] | None = None,
-                 quiet: Callable[[], bool] = lambda: True, to_warm: Callable[[], int] = lambda: 0) -> None:
+                 quiet: Callable[[], bool] = lambda: True, to_warm: Callable[[], int] = lambda: 0,
+                 max_workers: int | None = None) -> None:
+        """``max_workers``: the most workers a cached trial starts (None: as many as the settings in place have) -
+        one per CPU the rank may use where the store is read from memory: what is left per sample is CPU work then,
+        which more processes than CPUs cannot do faster (workers beyond them hid a latency the store removed)."""
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
+        self._max_workers = max_workers
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended
         self._quiet, self._alone_first = quiet, alone_first
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
@@ -228,9 +235,9 @@ class CacheSession:
             self._finish(_compute_bound(data_wait_frac))
             return
         self.before = rate
-        alone = self._alone_first and self._cached_base.num_workers > 0
-        self._try((self._fits(cached_with(self._cached_base, 0)) if alone else None)
-                  or cached_with(self._cached_base, self._cached_base.num_workers))
+        base = self._trial_base()
+        alone = self._alone_first and base.num_workers > 0
+        self._try((self._fits(cached_with(base, 0)) if alone else None) or cached_with(base, base.num_workers))
 
     def _on_trial(self, rate: Rate | None, wait: float, seconds: float, error: BaseException | None) -> None:
         """A part of the trial in place ended: its next part (``PartedTrial``), or the next trial, or the choice."""
@@ -241,12 +248,20 @@ class CacheSession:
         self.trials.append(trial)
         self.outcome.notes.extend([trial.stopped] if trial.stopped else [])
         self._say(trial.describe())
-        following = next_trial(self.trials, self.before, self._cached_base, self._floor)
+        following = next_trial(self.trials, self.before, self._trial_base(), self._floor)
         following = following and self._fits(following)
         if following is None:
             self._choose()
         else:
             self._try(following)
+
+    def _trial_base(self) -> LoaderSettings:
+        """The settings the cached trials vary: those the store was filled with, their workers at most
+        ``max_workers``."""
+        base, most = self._cached_base, self._max_workers
+        if most is None or base.num_workers <= most:
+            return base
+        return base.with_workers(max(1, most), persistent=base.persistent_workers)
 
     def _fits(self, settings: LoaderSettings) -> LoaderSettings | None:
         """``settings``; None when the fit has no room for their trial and after-windows (of them or a trial before)."""
@@ -287,9 +302,15 @@ class CacheSession:
         self._after_parts.append((rate, seconds, wait))
         pooled = pool(self._after_parts)[0]
         steps, count = self._after_shape
-        if len(self._after_parts) < count and not clearly_faster(pooled, before, self._floor):
+        done = len(self._after_parts)
+        if done < count and not clearly_faster(pooled, before, self._floor):
             self._windows.measure_part("cache: after", steps)
             return
+        if done < count:
+            self.outcome.notes.append(
+                f"after-window of {chosen.settings.describe()} ended after {done} of its {count} parts ({done * steps} "
+                f"of {count * steps} steps): {pooled.value:,.1f} samples/s, clearly faster than the window before "
+                f"({before.value:,.1f})")
         self._after.append(pooled)
         verdict, after = after_verdict(self._after, before, self._floor), measured(settled(self._after))
         if verdict == "kept":

@@ -32,7 +32,7 @@ def world_compute_light(settings: LoaderSettings) -> tuple[float, float]:
 
 def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_cold: bool = False,
         before_wait: float | None = 0.6, windows: int = 20, current: LoaderSettings = EIGHT,
-        filler: LoaderSettings | None = None, alone_first: bool = False):
+        filler: LoaderSettings | None = None, alone_first: bool = False, max_workers: int | None = None):
     switcher = FakeSwitcher()
     switcher.current = current
     seen = {"windows": 0}
@@ -45,7 +45,7 @@ def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_
 
     session = CacheSession(switcher, windows=TrialWindows(lambda *args: None),
                            warm=lambda: seen["windows"] >= warm_after, fills=lambda: installed_fills, agree=agree,
-                           alone_first=alone_first)
+                           alone_first=alone_first, max_workers=max_workers)
     session.begin(before_wait, filler)
     for _ in range(windows):
         if session.state == "done":
@@ -529,8 +529,24 @@ def test_an_after_window_ends_at_its_first_part_that_is_clearly_faster_and_runs_
     assert [steps for label, steps in shapes if label == "cache: after"] == [34]  # one part of 34 steps, not 100
     assert session.kept is not None and session.kept.num_workers == 0
     assert session.outcome.changes[0].measured_speedup == 2.5
+    assert any("ended after 1 of its 3 parts (34 of 102 steps)" in note and "clearly faster" in note
+               for note in session.outcome.notes)
 
     shapes.clear()
     session, _ = _parts_tried(world(430.0), shapes)
     assert [steps for label, steps in shapes if label == "cache: after"] == [34, 34, 34]
+    assert not any("clearly faster" in note for note in session.outcome.notes)
     assert session.kept is not None and round(session.outcome.changes[0].measured_speedup, 3) == 1.075
+
+
+def test_cached_trials_start_no_more_workers_than_the_cpus():
+    """Eight workers hid the storage's latency; reading from the store in memory leaves CPU work, which more workers
+    than the rank's 2 CPUs cannot do faster: the cached trials start from 2 (then the main process alone, then
+    halving), never 8 - and the report names the cut from 8."""
+    session, switcher = run(world_storage_bound, max_workers=2)
+    tried = [(s.num_workers, s.cache, s.give_way) for s in switcher.switches]
+    assert tried[:4] == [(2, True, True), (0, True, False), (1, True, True), (2, True, False)]
+    assert max(s.num_workers for s in switcher.switches if s.cache) == 2
+    assert session.kept == dataclasses.replace(EIGHT, num_workers=2, cache=True)
+    assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {"cache": (False, True),
+                                                                           "num_workers": (8, 2)}
