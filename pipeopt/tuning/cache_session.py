@@ -221,7 +221,7 @@ class CacheSession:
     def _room(self, to_warm: int = 0) -> bool:
         """Steps for a cached trial and an after-window (and DALI's window before) after ``to_warm``; else done."""
         left = self._windows.steps_left()
-        cached = dataclasses.replace(self._cached_base, cache=True)
+        cached = dataclasses.replace(self._trial_base(), cache=True)
         need = self._windows.trial_steps(self._applied, cached) + (self._windows.window if self.baseline.dali else 0)
         if left is not None and left < need + to_warm:
             self._finish(no_room(left, to_warm, need))
