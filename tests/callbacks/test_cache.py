@@ -40,11 +40,11 @@ class RandomItems(SleepyDataset):
         return x + torch.rand(self.dim), y
 
 
-def fit(callbacks, dataset, *, epochs=5, seed=3, collate_fn=None):
+def fit(callbacks, dataset, *, epochs=5, seed=3, collate_fn=None, **loader):
     pl.seed_everything(seed, verbose=False)
     model = Regressor(hidden=32, dropout=0.5, batchnorm=True)
     trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
-    trainer.fit(model, DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=collate_fn))
+    trainer.fit(model, DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=collate_fn, **loader))
     return model, trainer
 
 
@@ -372,6 +372,29 @@ def test_a_cached_trial_in_parts_stops_after_its_first_when_slower_and_runs_them
         assert [w.steps for w in parts] == [2, 7, 7, 7, 7]  # the first `window` steps, the rest in equal parts
         assert all(b.first_step == a.first_step + a.steps for a, b in zip(parts, parts[1:]))  # one after another
         assert not any("stopped after" in n for n in notes)
+        # 3x the window before: the after-window (30 steps, three parts of 10) ends after its first part
+        after = [w for w in callback.windows if w.label == "cache: after"]
+        assert after[0].steps == 10
+        assert any(f"ended after 1 of its {cache_session.AFTER_PARTS} parts (10 of 30 steps)" in n for n in notes)
     assert tuned.seen == plain.seen
     for name, value in plain.state_dict().items():
         assert torch.equal(value, tuned.state_dict()[name]), name
+
+
+def test_a_cached_trial_starts_no_more_workers_than_the_rank_has_cpus(monkeypatch, tmp_path):
+    """The user's loader has 2 workers and the rank may use 1 CPU (the seam: ``cache_start.rank_cpus``). Reading
+    from a store in memory leaves CPU work only, which more processes than CPUs cannot do faster: the cached trials
+    run the main process alone, then 1 worker - never 2 - and the model trains on the same samples in the same
+    order as without pipeopt."""
+    data = CountingDataset(n=128, delay_s=0.001)
+    loader = dict(num_workers=2, persistent_workers=True)
+    plain, _ = fit([], data, epochs=6, **loader)
+    _cached_faster(monkeypatch)
+    controlled_wait(monkeypatch, 0.5)  # the main process alone still waits: the workers' trial follows it
+    monkeypatch.setattr(cache_start, "rank_cpus", lambda trainer: 1)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
+    tuned, _ = fit([callback], data, epochs=6, **loader)
+    tried = {w.label.split(",")[0] for w in callback.windows if w.label.startswith("cache trial")}
+    assert tried == {"cache trial: num_workers=0", "cache trial: num_workers=1"}
+    assert tuned.seen == plain.seen
+    assert psutil.Process().children() == []
