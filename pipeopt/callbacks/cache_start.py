@@ -95,13 +95,19 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
-                           alone_first=split.whole, quiet=ahead.quiet,
-                           to_warm=lambda: steps_to_warm(trainer, made["epoch"]),
-                           max_workers=None if config.sample_cache_dir is not None else rank_cpus(trainer))
+                           alone_first=split.whole, quiet=ahead.quiet, max_workers=_most_workers(trainer, config),
+                           to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
         session.restore(LoaderSettings(**restored["cache"]) if restored["cache"] else None)
     return session, switcher
+
+
+def _most_workers(trainer: Any, config: PipeOptConfig) -> int | None:
+    """The most workers a cached trial starts: one per CPU the rank may use where the store is in memory (what is
+    left per sample is CPU work then); None - as many as in place - under ``sample_cache_dir``, a disk store that
+    may hold more than the memory and be read at the disk's latency."""
+    return None if config.sample_cache_dir is not None else rank_cpus(trainer)
 
 
 def steps_to_warm(trainer: Any, made_in: int) -> int:

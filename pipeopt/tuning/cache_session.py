@@ -16,13 +16,13 @@ of finishing a window of the slow settings first. Then, on the live run:
    (taking that away could not beat the noise floor) - pooled windows that say so are confirmed by a window measured
    now (the host may have run the step slower while they were measured); the user's own settings under 10 % (the
    loader search's before-window) skip the whole session (``begin``);
-2. a trial reading from the store with the same workers (at most one per CPU where the store is in memory: what is
-   left per sample is CPU work then; workers beyond the CPUs hid a latency the store removed) - giving way to the
-   training process (below its CPU priority: ``apply.loader.GiveWay``), as every cached trial's workers do until
-   the last: with little left to do per sample, they take the CPU time the step leaves, where at the usual
-   priority, on oversubscribed CPUs, the step's intra-op threads wait out their time slices (measured: the same
-   cached workers read 1.2-1.5x faster giving way, ``benchmarks/results/README.md``; the fit may have room for one
-   cached trial only);
+2. a trial reading from the store with the same workers (at most ``max_workers``, one per CPU where the store is in
+   memory: what is left per sample is CPU work then; workers beyond the CPUs hid a latency the store removed;
+   ``capped``) - giving way to the training process (below its CPU priority: ``apply.loader.GiveWay``), as every
+   cached trial's workers do until the last: with little left to do per sample, they take the CPU time the step
+   leaves, where at the usual priority, on oversubscribed CPUs, the step's intra-op threads wait out their time
+   slices (measured: the same cached workers read 1.2-1.5x faster giving way, ``benchmarks/results/README.md``; the
+   fit may have room for one cached trial only);
 3. a trial reading from the store in the main process alone (no workers: the cache may have removed all the work
    they were there for, and worker processes cost CPU and IPC); when the cache paid but the main process alone is
    slower beyond noise, trials halving the workers while each keeps pace with the best cached trial (at most
@@ -102,13 +102,9 @@ class CacheSession:
                  alone_first: bool = False, holds_epoch: Callable[[], bool] | None = None,
                  quiet: Callable[[], bool] = lambda: True, to_warm: Callable[[], int] = lambda: 0,
                  max_workers: int | None = None) -> None:
-        """``max_workers``: the most workers a cached trial starts (None: as many as the settings in place have) -
-        one per CPU the rank may use where the store is read from memory: what is left per sample is CPU work then,
-        which more processes than CPUs cannot do faster (workers beyond them hid a latency the store removed)."""
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
-        self._max_workers = max_workers
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended
-        self._quiet, self._alone_first = quiet, alone_first
+        self._quiet, self._alone_first, self._max_workers = quiet, alone_first, max_workers
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
@@ -122,9 +118,8 @@ class CacheSession:
         self._failure: BaseException | None = None
         self.before: Rate | None = None
         self.after: WindowStats | None = None  # the after-window of a kept cache: measured after every change
-        self.trials, self._after = list[CacheTrial](), list[Rate]()
-        self._after_parts: list[tuple[Rate, float, float]] = []  # the after-window in place: its parts so far
-        self._after_shape = (0, 1)  # ... each part's steps, and how many parts it has
+        self.trials = list[CacheTrial]()
+        self._after_windows: AfterWindows | None = None  # the chosen setting's, against the window before
         self.chosen: CacheTrial | None = None
         self.outcome = Outcome()
 
@@ -221,7 +216,7 @@ class CacheSession:
     def _room(self, to_warm: int = 0) -> bool:
         """Steps for a cached trial and an after-window (and DALI's window before) after ``to_warm``; else done."""
         left = self._windows.steps_left()
-        cached = dataclasses.replace(self._trial_base(), cache=True)
+        cached = dataclasses.replace(capped(self._cached_base, self._max_workers), cache=True)
         need = self._windows.trial_steps(self._applied, cached) + (self._windows.window if self.baseline.dali else 0)
         if left is not None and left < need + to_warm:
             self._finish(no_room(left, to_warm, need))
@@ -235,9 +230,10 @@ class CacheSession:
             self._finish(_compute_bound(data_wait_frac))
             return
         self.before = rate
-        base = self._trial_base()
-        alone = self._alone_first and base.num_workers > 0
-        self._try((self._fits(cached_with(base, 0)) if alone else None) or cached_with(base, base.num_workers))
+        base = capped(self._cached_base, self._max_workers)
+        alone, same = cached_with(base, 0), cached_with(base, base.num_workers)
+        first_alone = self._alone_first and base.num_workers > 0 and not self._windows.short_of(self._applied, alone)
+        self._try(alone if first_alone else same)
 
     def _on_trial(self, rate: Rate | None, wait: float, seconds: float, error: BaseException | None) -> None:
         """A part of the trial in place ended: its next part (``PartedTrial``), or the next trial, or the choice."""
@@ -248,25 +244,12 @@ class CacheSession:
         self.trials.append(trial)
         self.outcome.notes.extend([trial.stopped] if trial.stopped else [])
         self._say(trial.describe())
-        following = next_trial(self.trials, self.before, self._trial_base(), self._floor)
-        following = following and self._fits(following)
-        if following is None:
+        following = next_trial(self.trials, self.before, capped(self._cached_base, self._max_workers), self._floor)
+        tried = [t.settings for t in self.trials if t.rate is not None]  # (where the fit has room for its trial)
+        if following is None or self._windows.short_of(self._applied, following, tried):
             self._choose()
         else:
             self._try(following)
-
-    def _trial_base(self) -> LoaderSettings:
-        """The settings the cached trials vary: those the store was filled with, their workers at most
-        ``max_workers``."""
-        base, most = self._cached_base, self._max_workers
-        if most is None or base.num_workers <= most:
-            return base
-        return base.with_workers(max(1, most), persistent=base.persistent_workers)
-
-    def _fits(self, settings: LoaderSettings) -> LoaderSettings | None:
-        """``settings``; None when the fit has no room for their trial and after-windows (of them or a trial before)."""
-        left, tried = self._windows.steps_left(), [t.settings for t in self.trials if t.rate is not None]
-        return settings if left is None or left >= self._windows.trial_steps(self._applied, settings, tried) else None
 
     def _choose(self) -> None:
         before = self.before
@@ -276,53 +259,30 @@ class CacheSession:
             return
         self.chosen = cheapest_unbeaten(ok, self._floor)
         self._say(f"chose {self.chosen.settings.describe()}; measuring it against the window before")
-        previous, self._applied = self._applied, self.chosen.settings
-        if previous != self._applied:
-            self._switcher.switch(self._applied)
-        self._after_window(previous.in_flight + self._applied.in_flight if previous != self._applied else 0)
+        skip = self._switch(self.chosen.settings)
+        self._after_windows = AfterWindows(self._windows, self._applied, skip, before, self._floor)
         self._switcher.settle()
         self.state = CachePhase.AFTER
 
-    def _after_window(self, skip: int) -> None:
-        """An after-window of the setting in place, after ``skip`` steps: in even parts (``AFTER_PARTS``), the first
-        at once."""
-        self._after_parts = []
-        steps, _, count = self._windows.measure_parts("cache: after", skip, self._applied, AFTER_PARTS, even=True)
-        self._after_shape = (steps, count)
-
     def _on_after(self, rate: Rate | None, seconds: float, wait: float) -> None:
-        """A part of the after-window ended: the next part; or - at the window's end, or at a part whose parts so
-        far are clearly faster than the window before (a gain that large, measured after the change, the rest of
-        the window could not undo) - the window's rate, judged (``after_verdict``)."""
-        before, chosen = self.before, self.chosen
-        if rate is None or before is None or chosen is None or chosen.rate is None:
+        """A part of an after-window ended: the next part or window (``AfterWindows``), or the verdict."""
+        before, chosen, windows = self.before, self.chosen, self._after_windows
+        if rate is None or before is None or chosen is None or chosen.rate is None or windows is None:
             self.after = None
             self._finish("the chosen loader's workers failed in the after-window")
             return
-        self._after_parts.append((rate, seconds, wait))
-        pooled = pool(self._after_parts)[0]
-        steps, count = self._after_shape
-        done = len(self._after_parts)
-        if done < count and not clearly_faster(pooled, before, self._floor):
-            self._windows.measure_part("cache: after", steps)
+        verdict = windows.ended(rate, seconds, wait)
+        if verdict is None:
             return
-        if done < count:
-            self.outcome.notes.append(
-                f"after-window of {chosen.settings.describe()} ended after {done} of its {count} parts ({done * steps} "
-                f"of {count * steps} steps): {pooled.value:,.1f} samples/s, clearly faster than the window before "
-                f"({before.value:,.1f})")
-        self._after.append(pooled)
-        verdict, after = after_verdict(self._after, before, self._floor), measured(settled(self._after))
+        self.outcome.notes.extend(windows.notes)
         if verdict == "kept":
-            self.outcome.changes = kept_changes(chosen, self.baseline, after, before, self.trials)
+            self.outcome.changes = kept_changes(chosen, self.baseline, windows.rate, before, self.trials)
             self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
             self._say(f"kept {chosen.settings.describe()}")
             self.state = CachePhase.DONE
-        elif verdict == "again":
-            self._after_window(0)
         else:
             self.after = None
-            self._finish(not_faster(after, before))
+            self._finish(not_faster(windows.rate, before))
 
     def _finish(self, why: str) -> None:
         """Not kept: the settings in place before the cache session, again."""
@@ -339,15 +299,19 @@ class CacheSession:
         self.state = CachePhase.DONE
 
     def _try(self, settings: LoaderSettings) -> None:
-        previous, self._applied = self._applied, settings
-        self._switcher.switch(settings)
-        self._trial = PartedTrial(self._windows, settings, previous.in_flight + settings.in_flight)
+        self._trial = PartedTrial(self._windows, settings, self._switch(settings))
         self.state = CachePhase.TRIAL
 
     def _apply(self, settings: LoaderSettings, label: str) -> None:
+        self._windows.measure(label, self._switch(settings), settings)
+
+    def _switch(self, settings: LoaderSettings) -> int:
+        """``settings`` in place (a switch where others were): the steps to skip, both loaders' in-flight batches."""
         previous, self._applied = self._applied, settings
+        if previous == settings:
+            return 0
         self._switcher.switch(settings)
-        self._windows.measure(label, previous.in_flight + settings.in_flight, settings)
+        return previous.in_flight + settings.in_flight
 
     # -- resume and the end ------------------------------------------------------------------------------------
     def restore(self, settings: LoaderSettings | None) -> None:
@@ -360,9 +324,8 @@ class CacheSession:
         self.prepare()
         if self.refused is not None:
             return
-        self._switcher.switch(settings)
+        self._switch(settings)
         self._switcher.settle()
-        self._applied = settings
         self.chosen = CacheTrial(settings, None)
         self.outcome.changes = [Change("cache", False, True, "kept by the run this one resumes (from its checkpoint)")]
 
@@ -412,6 +375,57 @@ class PartedTrial:
         stopped = why and (f"cache trial {self.settings.describe()} stopped after {done} of its {self.count} parts "
                            f"({steps} of {window} steps): {rate.value:,.1f} samples/s, slower beyond noise than {why}")
         return CacheTrial(self.settings, rate, wait, stopped=stopped)
+
+
+class AfterWindows:
+    """The after-windows of a chosen setting against the window before (``before``), each measured in even parts
+    (``TrialWindows.measure_parts``, the first at once) and judged at the end of each. A window ends with its last
+    part, or at the first part whose parts so far are clearly faster than the window before (``noise.clearly_faster``:
+    a gain that large, measured after the change, the rest of the window could not undo; on a fast step a window - a
+    trial's length at the new pace - would hold a second or two of epochs to confirm what its first third shows).
+    Then ``after_verdict``: kept, one window more when too close to call, or not."""
+
+    def __init__(self, windows: TrialWindows, settings: LoaderSettings, skip: int, before: Rate, floor: float) -> None:
+        self.settings, self._windows, self._before, self._floor = settings, windows, before, floor
+        self.rates: list[Rate] = []  # each window's: its parts as one (``pool``)
+        self.notes: list[str] = []  # the windows that ended before their last part
+        self._measure(skip)
+
+    def _measure(self, skip: int) -> None:
+        self.parts: list[tuple[Rate, float, float]] = []  # each part's rate, seconds and data wait
+        self.steps, _, self.count = self._windows.measure_parts("cache: after", skip, self.settings, AFTER_PARTS,
+                                                                even=True)
+
+    def ended(self, rate: Rate, seconds: float, wait: float) -> str | None:
+        """A part ended (``rate`` over ``seconds``, waiting ``wait`` of them): None while another part or window is
+        measured; else "kept" or "not", the windows' rate being ``rate``."""
+        self.parts.append((rate, seconds, wait))
+        pooled, done = pool(self.parts)[0], len(self.parts)
+        if done < self.count:
+            if not clearly_faster(pooled, self._before, self._floor):
+                self._windows.measure_part("cache: after", self.steps)
+                return None
+            self.notes.append(f"after-window of {self.settings.describe()} ended after {done} of its {self.count} "
+                              f"parts ({done * self.steps} of {self.count * self.steps} steps): {pooled.value:,.1f} "
+                              f"samples/s, clearly faster than the window before ({self._before.value:,.1f})")
+        self.rates.append(pooled)
+        verdict = after_verdict(self.rates, self._before, self._floor)
+        if verdict == "again":
+            self._measure(0)
+            return None
+        return verdict
+
+    @property
+    def rate(self) -> Rate:
+        return measured(settled(self.rates))
+
+
+def capped(base: LoaderSettings, most: int | None) -> LoaderSettings:
+    """``base`` with at most ``most`` workers (None: as it is): the settings the cached trials vary - one worker per
+    CPU the rank may use where the store is in memory (what is left per sample is CPU work)."""
+    if most is None or base.num_workers <= most:
+        return base
+    return base.with_workers(max(1, most), persistent=base.persistent_workers)
 
 
 def ended_early(state: CachePhase, chosen: CacheTrial | None, applied: LoaderSettings) -> str:

@@ -181,6 +181,13 @@ class TrialWindows:
 
         return trial + max(after(chosen) for chosen in (candidate, *tried))
 
+    def short_of(self, applied: LoaderSettings, candidate: LoaderSettings,
+                 tried: Iterable[LoaderSettings] = ()) -> tuple[int, int] | None:
+        """(steps left, steps needed) where the fit has too few for a trial of ``candidate`` and its after-windows
+        (``trial_steps``); None where it has room (an unbounded fit always has)."""
+        left, need = self.steps_left(), self.trial_steps(applied, candidate, tried)
+        return (left, need) if left is not None and left < need else None
+
     def _step_s(self, settings: LoaderSettings) -> float | None:
         """The step time to size a window by: the last window's, or shorter where the loader model predicts a
         faster rate for ``settings`` (a trial of a much faster setting would otherwise get a window far shorter
@@ -512,12 +519,11 @@ def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialW
     """Why the fit has no room for a trial of ``candidate`` and the after-windows of whichever of it and the
     settings measured in ``trials`` is chosen (None: it has room, or the fit is unbounded). The user's settings,
     chosen, need no after-window."""
-    tried, left = [t.settings for t in trials if t.ok and t.settings != user], windows.steps_left()
-    need = windows.trial_steps(applied, candidate, tried)
-    if left is None or left >= need:
+    short = windows.short_of(applied, candidate, [t.settings for t in trials if t.ok and t.settings != user])
+    if short is None:
         return None
-    return (f"the fit has {left} optimizer steps left: too few for another trial ({candidate.describe()}) and its "
-            f"after-windows ({need}); chose among the trials so far")
+    return (f"the fit has {short[0]} optimizer steps left: too few for another trial ({candidate.describe()}) and "
+            f"its after-windows ({short[1]}); chose among the trials so far")
 
 
 def _trial_line(search: LoaderSearch, settings: LoaderSettings) -> str:
