@@ -398,7 +398,7 @@ class AfterWindows:
 
     def ended(self, rate: Rate, seconds: float, wait: float) -> str | None:
         """A part ended (``rate`` over ``seconds``, waiting ``wait`` of them): None while another part or window is
-        measured; else "kept" or "not", the windows' rate being ``rate``."""
+        measured; else "kept" or "not" (the windows' rate: the property ``rate``)."""
         self.parts.append((rate, seconds, wait))
         pooled, done = pool(self.parts)[0], len(self.parts)
         if done < self.count:
