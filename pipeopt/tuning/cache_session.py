@@ -245,7 +245,7 @@ class CacheSession:
         self.outcome.notes.extend([trial.stopped] if trial.stopped else [])
         self._say(trial.describe())
         following = next_trial(self.trials, self.before, capped(self._cached_base, self._max_workers), self._floor)
-        tried = [t.settings for t in self.trials if t.rate is not None]  # (where the fit has room for its trial)
+        tried = [t.settings for t in self.trials if t.rate is not None]  # any may be chosen: its after-windows count
         if following is None or self._windows.short_of(self._applied, following, tried):
             self._choose()
         else:
@@ -425,7 +425,7 @@ def capped(base: LoaderSettings, most: int | None) -> LoaderSettings:
     CPU the rank may use where the store is in memory (what is left per sample is CPU work)."""
     if most is None or base.num_workers <= most:
         return base
-    return base.with_workers(max(1, most), persistent=base.persistent_workers)
+    return base.with_workers(most, persistent=base.persistent_workers)
 
 
 def ended_early(state: CachePhase, chosen: CacheTrial | None, applied: LoaderSettings) -> str:
