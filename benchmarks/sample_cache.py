@@ -11,9 +11,10 @@ For each scenario, in one invocation and in rounds whose order rotates (every re
   (``num_workers=0``, the same shuffle and batch) of the items made once beforehand and kept in memory - the best
   any store of whole items can do, since a fresh batch is still drawn, collated and handed over every step;
 - **grid**: the DataLoader at each of the scenario's settings (no cache);
-- **the ceiling beside each arm**: two epochs of the ceiling just before and just after every other arm (the second
+- **the ceiling beside each arm**: two epochs of the ceiling just before and just after every arm (the second
   epoch's rate, the two averaged) - the host's pace drifts over a round, so each arm is also read against the
-  ceiling measured next to it in time;
+  ceiling measured next to it in time; the ceiling arm too, which tells how far a whole fit of the ceiling reads
+  from the two-epoch fits beside it (the bias of that yardstick);
 - **pipeopt**: the naive loader (``num_workers=0``) under ``PipeOpt(tune=...)`` with the ``"cache"`` group.
 Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
 epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
@@ -331,12 +332,11 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
         shift = r % len(arms)
         measured, beside = {}, {}
         for name, run in arms[shift:] + arms[:shift]:
-            before = bracket(s, resident) if name != "ceiling" else None
+            before = bracket(s, resident)
             measured[name] = run()
-            if before is not None:  # the ceiling just before and just after this arm: the host's pace drifts
-                beside[name] = (before + bracket(s, resident)) / 2
+            beside[name] = (before + bracket(s, resident)) / 2  # the ceiling just before and after: the pace drifts
             print(f"{s.name} round {r}: {name}: {measured[name]['from_epoch2_samples_per_s']:,.1f} samples/s "
-                  f"from epoch 2" + (f" (ceiling beside it {beside[name]:,.1f})" if name in beside else ""),
+                  f"from epoch 2 (ceiling beside it {beside[name]:,.1f})",
                   flush=True)
         grid = {label(g): measured[label(g)] for g in s.grid}
         best = max(grid, key=lambda k: grid[k]["from_epoch2_samples_per_s"])
@@ -347,6 +347,7 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
             "pipeopt_over_items": p / measured["items"]["from_epoch2_samples_per_s"],
             "items_over_ceiling_beside": measured["items"]["from_epoch2_samples_per_s"] / beside["items"]}
         rounds.append({"arms": measured, "best_dataloader": best, **bound, "ceiling_beside": beside,
+                       "ceiling_over_ceiling_beside": c / beside["ceiling"],
                        "pipeopt_over_ceiling_beside": p / beside["pipeopt"],
                        "pipeopt_over_ceiling": p / c, "pipeopt_over_ceiling_last_epoch": last,
                        "pipeopt_over_best_dataloader": p / grid[best]["from_epoch2_samples_per_s"],
@@ -401,11 +402,12 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
     """The results README's rows: per scenario, the ratios from epoch 2 (median [min - max] over rounds)."""
     lines = ["", "| sample cache (`make bench-cache`) | ceiling samples/s | best DataLoader | its samples/s | "
              "pipeopt samples/s | pipeopt / ceiling | pipeopt / the ceiling beside it | "
+             "the ceiling / the ceiling beside it | "
              "pipeopt / ceiling, last epoch | pipeopt / best DataLoader | pipeopt / best DataLoader, whole fit | "
              "items in memory / the ceiling beside it | "
              "pipeopt / items in memory | "
              "pipeopt kept | store used / budget | peak memory of the process tree, pipeopt vs best DataLoader |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, s in data["scenarios"].items():
         rounds = s["rounds"]
         ceiling = [r["arms"]["ceiling"]["from_epoch2_samples_per_s"] for r in rounds]
@@ -421,6 +423,7 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
                      f"{_mmm(ours, '{:,.0f}')} | "
                      f"{_mmm([r['pipeopt_over_ceiling'] for r in rounds])} | "
                      f"{_bound(rounds, 'pipeopt_over_ceiling_beside')} | "
+                     f"{_bound(rounds, 'ceiling_over_ceiling_beside')} | "
                      f"{_mmm([r['pipeopt_over_ceiling_last_epoch'] for r in rounds])} | "
                      f"{_mmm([r['pipeopt_over_best_dataloader'] for r in rounds])} | "
                      f"{_bound(rounds, 'pipeopt_over_best_dataloader_whole_fit')} | "
@@ -433,7 +436,9 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
               "(where every item is deterministic): the same step over a DataLoader of the items made beforehand and "
               "kept in memory - the best a store of whole items can do, a fresh batch still drawn and collated each "
               "step; - where not measured. Whole fit: every epoch's samples over the time from the fit's start "
-              "(the first epoch's fill and trials included), against the best DataLoader's. Per-epoch figures, the "
+              "(the first epoch's fill and trials included), against the best DataLoader's. The ceiling / the ceiling "
+              "beside it: the ceiling arm's fit against the two-epoch fits just before and after it - what that "
+              "yardstick reads of the same step over a whole fit. Per-epoch figures, the "
               "cache's hit rate and fill cost per run are in "
               "`sample_cache.json`."]
     return lines
