@@ -83,9 +83,11 @@ bench-dali: $(VISION_STAMP)
 	$(VPY) -m benchmarks.dali_decode
 
 # The sample cache against the best DataLoader and the compute-only ceiling: storage scenarios in .venv, the
-# ImageFolder ones (torchvision, DALI) in .venv-vision; one results file.
+# ImageFolder ones (torchvision, DALI) in .venv-vision; one results file. Then what reading the kept store costs a
+# step in a plain training loop (benchmarks/results/store_read.json).
 bench-cache: $(STAMP) $(VISION_STAMP)
 	$(PY) -m benchmarks.sample_cache --scenarios storage_latency storage_latency_high
+	$(PY) -m benchmarks.store_read
 	$(VPY) -m benchmarks.sample_cache --scenarios validation_chain imagefolder_decode imagefolder_decode_long
 
 clean:

@@ -210,6 +210,8 @@ def _history_rows() -> list[str]:
         elif r["scenario"].startswith("sample_cache_") and r.get("rounds"):
             ratios = [x["pipeopt_over_best_dataloader"] for x in r["rounds"]]
             ratio = f"pipeopt / best DataLoader from epoch 2 {_mmm(ratios, '{:.2f}')}"
+        elif r["scenario"] == "store_read":  # ``benchmarks.store_read``: the kept cache's read, in a plain loop
+            ratio = f"store / resident batches {_mmm([x['over_resident']['store'] for x in r['rounds']], '{:.2f}')}"
         elif p and p.get("tuned_runs") and p.get("oracle_runs"):
             ratio = f"pipeopt / oracle {_mmm(pair_ratios(p), '{:.2f}')}"
         elif p:

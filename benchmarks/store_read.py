@@ -1,0 +1,144 @@
+"""What reading whole items from the sample store costs a step, once the cache is kept - without Lightning or pipeopt's
+measuring around it.
+
+    python -m benchmarks.store_read [--rounds 6] [--items 4096]
+
+The validation chain's cached items (3 x 112 x 112 float32, a label), the small CNN and SGD step of
+``benchmarks.sample_cache``, 32 a batch, in a plain training loop. Each round runs one epoch of each arm, in turn:
+- **resident**: the epoch's batches made beforehand and kept in memory (the ceiling: no loader at all);
+- **items**: a DataLoader (``num_workers=0``, shuffled) over the items kept in memory, collated by torch's default
+  collate - what any store of whole items read through a DataLoader can at best do;
+- **store**: the same DataLoader reading the items from a ``SampleStore`` the way pipeopt's kept cache does
+  (``CachedDataset`` reading a batch's rows straight into its tensors, ``collate_rows``, batch memory used again);
+- **store, read ahead**: that loader run one batch ahead on a thread of the training process.
+It also times the loaders alone (no step): milliseconds a batch. Ratios are within a round, every round kept.
+Writes ``benchmarks/results/store_read.json`` and a copy in ``results/history/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from benchmarks.harness import median
+from benchmarks.run import RESULTS, keep_in_history, machine
+from benchmarks.scenarios.workloads import small_cnn
+from pipeopt import _dataloader
+from pipeopt.apply.sample_cache import CachedDataset, WholeSplit
+from pipeopt.apply.sample_store import SampleStore, encode
+
+BATCH = 32
+SHARED_MEMORY = Path("/dev/shm")
+
+
+class Items(Dataset):
+    def __init__(self, n: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.items = [(torch.randn(3, 112, 112, generator=generator), i % 10) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
+def read_ahead(batches: Iterable[Any], depth: int = 2) -> Iterator[Any]:
+    """``batches`` made on a thread, up to ``depth`` ahead of the loop."""
+    ready: queue.Queue[Any] = queue.Queue(depth)
+    end = object()
+
+    def work() -> None:
+        for batch in batches:
+            ready.put(batch)
+        ready.put(end)
+
+    threading.Thread(target=work, daemon=True).start()
+    while (batch := ready.get()) is not end:
+        yield batch
+
+
+class Step:
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = small_cnn(10)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def epoch(self, batches: Iterable[Any]) -> float:
+        """Samples/s of one epoch of training steps over ``batches``."""
+        start, samples = time.perf_counter(), 0
+        for x, y in batches:
+            self.optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(self.model(x), y).backward()
+            self.optimizer.step()
+            samples += len(y)
+        return samples / (time.perf_counter() - start)
+
+
+def load_ms(loader: Iterable[Any]) -> float:
+    start, count = time.perf_counter(), 0
+    for _ in loader:
+        count += 1
+    return 1e3 * (time.perf_counter() - start) / count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--items", type=int, default=4096)
+    args = parser.parse_args(argv)
+    items = Items(args.items)
+    root = SHARED_MEMORY if SHARED_MEMORY.is_dir() else None
+    store = SampleStore(tempfile.mkdtemp(prefix="pipeopt-store-read-", dir=root), len(items), 4 * 2**30)
+    try:
+        for i in range(len(items)):
+            store.put(i, encode(items[i]), time.thread_time_ns())
+        cached = CachedDataset(WholeSplit(items), store, read=True, rows=True)
+        loaders = {
+            "items": DataLoader(items, batch_size=BATCH, shuffle=True, drop_last=True),
+            "store": DataLoader(cached, batch_size=BATCH, shuffle=True, drop_last=True,
+                                collate_fn=_dataloader.collate_rows),
+        }
+        resident = list(loaders["items"])
+        arms = {"resident": lambda: resident, "items": lambda: loaders["items"], "store": lambda: loaders["store"],
+                "store, read ahead": lambda: read_ahead(loaders["store"])}
+        step = Step()
+        for make in arms.values():  # warm-up: the allocator, the store's pages, torch's threads
+            step.epoch(make())
+        rounds = []
+        for _ in range(args.rounds):
+            rates = {name: step.epoch(make()) for name, make in arms.items()}
+            loads = {name: load_ms(loaders[name]) for name in ("items", "store")}
+            rounds.append({"samples_per_s": rates, "load_ms_per_batch": loads,
+                           "over_resident": {k: v / rates["resident"] for k, v in rates.items() if k != "resident"}})
+    finally:
+        store.remove()
+    ratios = {k: [r["over_resident"][k] for r in rounds] for k in rounds[0]["over_resident"]}
+    given = sys.argv[1:] if argv is None else argv
+    result = {"scenario": "store_read", "command": " ".join(["python -m benchmarks.store_read", *given]),
+              "machine": machine(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "items": args.items, "batch_size": BATCH, "rounds": rounds,
+              "median_over_resident": {k: median(v) for k, v in ratios.items()}}
+    (RESULTS / "store_read.json").write_text(json.dumps(result, indent=2) + "\n")
+    keep_in_history(result)
+    for k, v in ratios.items():
+        print(f"{k} / resident: {median(v):.2f} [{min(v):.2f} - {max(v):.2f}]")
+    for k in ("items", "store"):
+        ms = [r["load_ms_per_batch"][k] for r in rounds]
+        print(f"{k} loader alone: {median(ms):.2f} [{min(ms):.2f} - {max(ms):.2f}] ms a batch")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
