@@ -3,9 +3,10 @@
 Every DataLoader pipeopt builds fills the store as a side effect of loading (``apply.sample_cache``). Once the other
 groups are done, this session makes sure the loader in place is one of those (the same settings), then waits - on
 every rank - until the store holds the samples an epoch needs (``warm``: what it still misses made ahead, too; the
-windows measured beside that work are not ``quiet`` and are not pooled) - asked at each window's end and at the
-first step end of each epoch, so that an epoch whose start finds the store complete reads it from there on instead
-of finishing a window of the slow settings first. Then, on the live run:
+windows measured beside that work on any rank are not ``quiet`` and are not pooled, so that every rank pools the
+same windows) - asked at each window's end and at the first step end of each epoch, so that an epoch whose start
+finds the store complete reads it from there on instead of finishing a window of the slow settings first. Then, on
+the live run:
 
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
@@ -103,7 +104,7 @@ class CacheSession:
                  quiet: Callable[[], bool] = lambda: True, to_warm: Callable[[], int] = lambda: 0,
                  max_workers: int | None = None) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
-        # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended
+        # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended, on this rank
         self._quiet, self._alone_first, self._max_workers = quiet, alone_first, max_workers
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._prepare: Callable[[], str | None] | None = prepare
@@ -182,14 +183,14 @@ class CacheSession:
         if self._pending is None or self.state is CachePhase.DONE:
             return
         stats, self._pending = self._pending, None
-        quiet = self._quiet()  # asked before ``warm``, which may start work beside the run
-        figures = agree(Agreed.of(stats, self._applied, None, self._failure is not None, False, not self.warm()),
-                        self._agree)
+        beside = not self._quiet()  # asked before ``warm``, which may start work beside the run; any rank's counts
+        figures = agree(Agreed.of(stats, self._applied, None, self._failure is not None, False, not self.warm(),
+                                  beside), self._agree)
         error, self._failure = self._failure, None
         self._windows.last_step_s = figures.step_time_s
         measured = None if figures.failed else figures.rate
         if self.state is CachePhase.WAIT:
-            if measured is not None and self._applied == self.baseline and quiet:
+            if measured is not None and self._applied == self.baseline and not figures.beside:
                 self._filling.append((measured, figures.step_time_s * stats.steps, figures.data_wait_frac))
             if not figures.store_cold and self._room():
                 self._ready()

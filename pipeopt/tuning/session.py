@@ -59,16 +59,18 @@ class Agreed:
     load_cpu_s: float | None = agreed(MAX, default=None)  # CPU seconds a sample costs to load (``cpu_per_sample``)
     step_cpu_s: float | None = agreed(MAX, default=None)  # ... and the step: the process's CPU outside the fetch
     supply_wait_frac: float | None = agreed(MAX, default=None)  # the wait with no batch ready (``window_supply_wait``)
+    beside: bool = agreed(ANY, default=False)  # work of pipeopt's ran beside the window on a rank (a sample backfill)
 
     @classmethod
     def of(cls, stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
-           over_budget: bool, store_cold: bool = True) -> Agreed:
-        """This rank's figures for a window measured under ``settings``."""
+           over_budget: bool, store_cold: bool = True, beside: bool = False) -> Agreed:
+        """This rank's figures for a window measured under ``settings`` (``beside``: with work of pipeopt's beside it
+        on this rank)."""
         rate, wait, res = noise.window_rate(stats, settings), noise.window_wait(stats, settings), stats.resources
         load_cpu, step_cpu = cpu_per_sample(stats, settings)
         return cls(rate.value, rate.rel_se, stats.step_time_s, wait, stats.transfer_frac,
                    res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold, load_cpu, step_cpu,
-                   noise.window_supply_wait(stats, settings))
+                   noise.window_supply_wait(stats, settings), beside)
 
     @property
     def rate(self) -> Rate:

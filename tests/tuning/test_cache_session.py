@@ -15,6 +15,7 @@ from tests.helpers import make_window
 from tests.tuning.test_session import FakeSwitcher
 
 COLD = [f.name for f in dataclasses.fields(Agreed)].index("store_cold")
+BESIDE = [f.name for f in dataclasses.fields(Agreed)].index("beside")
 EIGHT = LoaderSettings(num_workers=8, prefetch_factor=2, persistent_workers=True, pin_memory=False)
 
 
@@ -351,30 +352,55 @@ def test_too_little_waited_for_a_window_before_measures_one():
     assert labels[-1] == "cache: before" and session.before is None and switcher.switches == []
 
 
+def window_before(quiet_flags, rates, min_window_s, other_busy=()):
+    """The window before of a session fed 1 s windows (10 steps of 100 ms) at ``rates``, warm at the last: this
+    rank's backfill ran beside the windows ``quiet_flags`` says are not quiet, another rank's beside those whose
+    indices are in ``other_busy``. Its rate (None: not had yet) and the windows' labels."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    seen = {"n": 0}
+    flags = iter(quiet_flags)
+
+    def agree(values):
+        values = list(values)
+        if seen["n"] - 1 in other_busy:
+            values[BESIDE] = 1.0  # another rank's backfill ran beside this window
+        return values
+
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=min_window_s),
+                           warm=lambda: seen["n"] >= len(rates), fills=lambda: True, quiet=lambda: next(flags),
+                           agree=agree)
+    session.begin(0.6)
+    for rate in rates:
+        session.on_window(make_window(samples_per_s=rate, data_wait_frac=0.6, rate_rel_se=0.01))
+        seen["n"] += 1
+        session.on_step_end()
+    return session.before, labels
+
+
 def test_windows_that_ran_beside_the_backfill_are_not_pooled_into_the_window_before():
     """The store's missing items are made in the background before the cache is tried: the windows measured
     meanwhile are not the settings in place alone (their rate reads low), so the window before pools only the quiet
     ones - and measures one of its own when those span too little."""
-    def before(quiet_flags, rates, min_window_s):
-        labels: list[str] = []
-        switcher = FakeSwitcher()
-        switcher.current = EIGHT
-        seen = {"n": 0}
-        flags = iter(quiet_flags)
-        session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
-                                                              min_window_s=min_window_s),
-                               warm=lambda: seen["n"] >= len(rates), fills=lambda: True, quiet=lambda: next(flags))
-        session.begin(0.6)
-        for rate in rates:  # 1 s windows (10 steps of 100 ms)
-            session.on_window(make_window(samples_per_s=rate, data_wait_frac=0.6, rate_rel_se=0.01))
-            seen["n"] += 1
-            session.on_step_end()
-        return session.before, labels
-
-    rate, _ = before([True, True, False, False], [400.0, 400.0, 100.0, 100.0], 2.0)
+    rate, _ = window_before([True, True, False, False], [400.0, 400.0, 100.0, 100.0], 2.0)
     assert rate is not None and rate.value == 400.0  # the two quiet windows, not the two beside the backfill
-    rate, labels = before([True, False, False], [400.0, 100.0, 100.0], 2.0)
+    rate, labels = window_before([True, False, False], [400.0, 100.0, 100.0], 2.0)
     assert rate is None and labels[-1] == "cache: before"  # one quiet second spans too little: a window of its own
+
+
+def test_a_window_any_rank_ran_beside_its_backfill_is_pooled_on_none():
+    """Each rank makes its own share of the missing items, so the ranks' backfills end at different times. A window
+    quiet on one rank and not on another is left out on both: every rank pools the same windows into the same
+    window before (a rank that pooled one window more would judge the trials against another rate - and, where
+    that window completed its window before, start its trials while the others measured one: their windows, and
+    the collectives at their ends, at different steps)."""
+    here = window_before([True, True, True], [400.0, 400.0, 100.0], 2.0, other_busy={2})
+    there = window_before([True, True, False], [400.0, 400.0, 100.0], 2.0)
+    assert here == there and here[0] is not None and here[0].value == 400.0
+    alone = window_before([True, True, True], [400.0, 400.0, 100.0], 2.0)  # quiet on every rank: pooled
+    assert alone[0] is not None and alone[0].value == 250.0
 
 
 @pytest.mark.parametrize("other_rank_cold", [False, True])
