@@ -25,7 +25,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,9 +36,9 @@ from benchmarks.scenarios.workloads import small_cnn
 from pipeopt import _dataloader
 from pipeopt.apply.sample_cache import CachedDataset, WholeSplit
 from pipeopt.apply.sample_store import SampleStore, encode
+from pipeopt.callbacks.cache_start import SHARED_MEMORY
 
 BATCH = 32
-SHARED_MEMORY = Path("/dev/shm")
 
 
 class Items(Dataset):
