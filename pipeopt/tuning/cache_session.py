@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pipeopt.measure.window import WindowStats
-from pipeopt.tuning.agreement import ANY, ReduceMax, agree, agreed
+from pipeopt.tuning.agreement import ANY, MAX, ReduceMax, agree, agreed
 from pipeopt.tuning.findings import Change, Outcome
 from pipeopt.tuning.loader_search import COMPUTE_BOUND_WAIT, INPUT_SOLVED_WAIT, LoaderSettings
 from pipeopt.tuning.noise import DEFAULT_FLOOR, Rate, clearly_faster, faster, measured
@@ -92,6 +92,14 @@ class CacheTrial:
 @dataclass(frozen=True)
 class _Cold:
     cold: bool = agreed(ANY)  # a rank's store may not be read yet
+
+
+@dataclass(frozen=True)
+class _ToWarm:
+    """The steps left in the epoch that made the store, the most over the ranks: it is read from the next one. A node's
+    store may be warm already (kept by an earlier run) where another's was made in this epoch."""
+
+    steps: int = agreed(MAX)
 
 
 class CacheSession:
@@ -149,7 +157,7 @@ class CacheSession:
             self._finish("DALI is in place and no DataLoader setting was measured to fill the store with")
             return
         self._cached_base = (filler or self.baseline) if self.baseline.dali else self.baseline
-        if not self._room(self._to_warm()):  # after the rest of the epoch that made the store: no fill it cannot try
+        if not self._room(agree(_ToWarm(self._to_warm()), self._agree).steps):  # no fill it cannot try after that
             return
         if self._cached_base != self.baseline:  # under DALI: the filler, reading what the store holds already
             self._apply(dataclasses.replace(self._cached_base, cache=True), "filling the sample cache")

@@ -40,7 +40,7 @@ def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_
 
     def agree(values):
         values = list(values)
-        if other_rank_cold:
+        if other_rank_cold and len(values) > COLD:
             values[COLD] = 1.0  # another rank's store is not warm yet
         return values
 
@@ -281,6 +281,29 @@ def test_under_dali_no_store_is_filled_that_the_fit_could_not_try_after_the_epoc
         assert switcher.switches == ([filler] if filled else []) and (session.state == "done") != filled
     assert any("too few to fill the store until the next epoch (100), then for a cached trial" in n
                for n in session.outcome.notes), session.outcome.notes
+
+
+def test_every_rank_leaves_the_room_to_warm_that_the_rank_needing_most_does():
+    """Nodes each have a store: a kept one may hold an epoch already on one node (no steps to wait) and have been
+    made in this epoch on another (100 steps left in it). Every rank decides the room for a fill on the most any
+    rank needs - one that filled and tried while another gave up would measure its windows, and call the
+    collectives at their ends, at steps the other does not."""
+    dali, two = LoaderSettings.dali_on("cpu"), dataclasses.replace(EIGHT, num_workers=2)
+
+    def fills(other_rank_to_warm: float) -> bool:
+        switcher = FakeSwitcher()
+        switcher.current = dali
+
+        def agree(values):  # the one-field figures: the steps each rank's store still needs to warm
+            return [max(values[0], other_rank_to_warm)] if len(values) == 1 else list(values)
+
+        session = CacheSession(switcher, windows=TrialWindows(lambda *args: None, window=20, steps_left=lambda: 150),
+                               warm=lambda: False, fills=lambda: False, to_warm=lambda: 0, agree=agree)
+        session.begin(0.3, two)
+        return switcher.switches == [dataclasses.replace(two, cache=True)] and session.state != "done"
+
+    assert fills(other_rank_to_warm=0.0)  # this rank's store holds an epoch, and so does every other's: room
+    assert not fills(other_rank_to_warm=100.0)  # another rank's store was made this epoch: no room on any rank
 
 
 def test_when_the_main_process_alone_keeps_pace_no_workers_are_kept():
