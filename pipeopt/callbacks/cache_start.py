@@ -91,11 +91,11 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
     windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None,
                            steps_left=steps_left(trainer))
-    # The loader search stops once the store holds an epoch of whole items: more workers would only share work the
-    # cache may remove. After a split store a random transform is left per sample: the workers' search goes on.
+    # The loader search stops once the store holds an epoch of whole items (a split one leaves work for workers)
+    most = _most_workers(trainer, config, agree)
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
-                           alone_first=split.whole, quiet=ahead.quiet, max_workers=_most_workers(trainer, config),
+                           alone_first=split.whole, quiet=ahead.quiet, max_workers=most,
                            to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
@@ -103,11 +103,11 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     return session, switcher
 
 
-def _most_workers(trainer: Any, config: PipeOptConfig) -> int | None:
+def _most_workers(trainer: Any, config: PipeOptConfig, agree: ReduceMax) -> int | None:
     """The most workers a cached trial starts: one per CPU the rank may use where the store is in memory (what is
     left per sample is CPU work then); None - as many as in place - under ``sample_cache_dir``, a disk store that
     may hold more than the memory and be read at the disk's latency."""
-    return None if config.sample_cache_dir is not None else rank_cpus(trainer)
+    return None if config.sample_cache_dir is not None else rank_cpus(trainer, agree)
 
 
 def steps_to_warm(trainer: Any, made_in: int) -> int:

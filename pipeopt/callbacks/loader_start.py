@@ -75,7 +75,7 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
         for group in [g for g in groups if g == "loader" or dali is not None]:
             skip(group, short, warn=False)
         return None
-    cpus = rank_cpus(trainer)
+    cpus = rank_cpus(trainer, agree)
     switcher = LoaderSwitcher(trainer, dali=DaliSource(cpus) if dali is not None else None)
     memory = WorkerMemory.measure(agree)
     budget = Budget(cpus=cpus, memory_bytes=memory.available, cuda=cuda, more_epochs=more_epochs_ahead(trainer),
@@ -109,9 +109,17 @@ def start_loader_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter
     return start
 
 
-def rank_cpus(trainer: Any) -> int:
-    """The CPUs a rank may use: those of this process, shared by the node's ranks."""
-    return max(1, cpus_available() // max(1, trainer.num_devices))
+@dataclass(frozen=True)
+class _Cpus:
+    count: int = agreed(MIN)
+
+
+def rank_cpus(trainer: Any, agree: ReduceMax) -> int:
+    """The CPUs a rank may use: those of this process, shared by the node's ranks - the fewest any rank has, so that
+    every rank's search and cached trials propose the same worker counts (nodes, or the CPUs each rank is bound to,
+    may differ; a rank that started more workers than another would end its windows at other steps, and call the
+    collectives there while the other trains)."""
+    return agree_on(_Cpus(max(1, cpus_available() // max(1, trainer.num_devices))), agree).count
 
 
 def steps_left(trainer: Any) -> Callable[[], int | None]:

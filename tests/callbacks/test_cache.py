@@ -391,7 +391,7 @@ def test_a_cached_trial_starts_no_more_workers_than_the_rank_has_cpus(monkeypatc
     plain, _ = fit([], data, epochs=6, **loader)
     _cached_faster(monkeypatch)
     controlled_wait(monkeypatch, 0.5)  # the main process alone still waits: the workers' trial follows it
-    monkeypatch.setattr(cache_start, "rank_cpus", lambda trainer: 1)
+    monkeypatch.setattr(cache_start, "rank_cpus", lambda trainer, agree: 1)
     callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
     tuned, _ = fit([callback], data, epochs=6, **loader)
     tried = {w.label.split(",")[0] for w in callback.windows if w.label.startswith("cache trial")}

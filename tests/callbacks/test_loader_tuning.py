@@ -1,6 +1,7 @@
 """Loader tuning on real, tiny Lightning fits: the model sees exactly what it would have seen without pipeopt."""
 
 import os
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -8,6 +9,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from pipeopt.callbacks import loader_start
 from tests.helpers import (
     Regressor,
     SleepyDataset,
@@ -158,3 +160,16 @@ def test_which_setting_is_kept_follows_the_measurements(monkeypatch):
     assert kept["num_workers"] == 2  # the cheapest of the tied best
     assert trainer.train_dataloader.num_workers == kept["num_workers"]
     assert report.measured_speedup is not None
+
+
+def test_every_rank_plans_workers_for_the_fewest_cpus_any_rank_may_use(monkeypatch):
+    """A node's CPUs are shared by its ranks; nodes (or the CPUs each rank is bound to) may differ. Every rank takes
+    the fewest any rank has, so the loader search and the cached trials propose the same worker counts on all."""
+    monkeypatch.setattr(loader_start, "cpus_available", lambda: 16)
+    trainer = SimpleNamespace(num_devices=2)
+    assert loader_start.rank_cpus(trainer, lambda values: values) == 8  # one process: its share of the node
+
+    def another_rank_has_three(values):  # the fewest is agreed as the largest of the negated counts
+        return [max(values[0], -3.0)]
+
+    assert loader_start.rank_cpus(trainer, another_rank_has_three) == 3
