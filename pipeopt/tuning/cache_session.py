@@ -10,10 +10,12 @@ the live run:
 
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
-   epoch is not spent on one more window of the slow settings; a window of its own when they do not yet. Under DALI
-   (whose loader does not fill the store: a DataLoader does, reading the samples stored already - it is not the
-   window before) only the loader search's windows of DALI count, and when they span less, DALI comes back for a
-   window of its own before the trials. Nothing is tried when the loop waited for data under 5 % of its steps there
+   epoch is not spent on one more window of the slow settings. When they span less, the cached trials go first,
+   judged against all of them pooled, and a window of its own is measured after the trials only when none of them
+   was clearly faster (``WindowBefore``); when there are none, before the trials. Under DALI (whose loader does not
+   fill the store: a DataLoader does, reading the samples stored already - it is not the window before) only the
+   loader search's windows of DALI count, and DALI comes back for a window of its own where the settings in place
+   would. Nothing is tried when the loop waited for data under 5 % of its steps there
    (taking that away could not beat the noise floor) - pooled windows that say so are confirmed by a window measured
    now (the host may have run the step slower while they were measured); the user's own settings under 10 % (the
    loader search's before-window) skip the whole session (``begin``);
@@ -123,7 +125,7 @@ class CacheSession:
         self._cached_base = self._applied = switcher.current  # (what a cached trial changes: under DALI the filler)
         self._pending: WindowStats | None = None
         self._trial: PartedTrial | None = None  # the trial in place
-        self._filling: list[tuple[Rate, float, float]] = []  # the settings in place while waiting: rate, s, wait
+        self._window_before = WindowBefore()  # the windows of the settings in place, the window before's makings
         self._failure: BaseException | None = None
         self.before: Rate | None = None
         self.after: WindowStats | None = None  # the after-window of a kept cache: measured after every change
@@ -144,18 +146,16 @@ class CacheSession:
         """The other groups are done: fill with the settings in place (on a loader of pipeopt's; under DALI with
         ``filler``, the fastest DataLoader of pipeopt's measured, reading what is stored), then wait - unless the
         loader search found the run compute-bound (``data_wait_frac``; ``measured``: its windows of them)."""
-        self.started, self.baseline, self._filling = True, self._switcher.current, list(measured)
+        self.started, self.baseline, self._window_before = True, self._switcher.current, WindowBefore(measured)
         self._applied = self._cached_base = self.baseline
         if data_wait_frac is not None and data_wait_frac < COMPUTE_BOUND_WAIT:
-            self._finish(_compute_bound(data_wait_frac))
-            return
+            return self._finish(_compute_bound(data_wait_frac))
         self.prepare()
         if self.refused is not None:  # in the report's skipped groups
             self.state = CachePhase.DONE
             return
         if self.baseline.dali and filler is None:  # DALI reads the files itself: a DataLoader fills the store
-            self._finish("DALI is in place and no DataLoader setting was measured to fill the store with")
-            return
+            return self._finish("DALI is in place and no DataLoader setting was measured to fill the store with")
         self._cached_base = (filler or self.baseline) if self.baseline.dali else self.baseline
         if not self._room(agree(_ToWarm(self._to_warm()), self._agree).steps):  # no fill it cannot try after that
             return
@@ -198,8 +198,8 @@ class CacheSession:
         self._windows.last_step_s = figures.step_time_s
         measured = None if figures.failed else figures.rate
         if self.state is CachePhase.WAIT:
-            if measured is not None and self._applied == self.baseline and not figures.beside:
-                self._filling.append((measured, figures.step_time_s * stats.steps, figures.data_wait_frac))
+            if measured is not None and self._applied == self.baseline and not figures.beside:  # quiet: pooled
+                self._window_before.add(measured, figures.step_time_s * stats.steps, figures.data_wait_frac)
             if not figures.store_cold and self._room():
                 self._ready()
         elif self.state is CachePhase.BEFORE:
@@ -214,13 +214,11 @@ class CacheSession:
     def _ready(self) -> None:
         """The store may be read on every rank: the window before, from the windows waited, else measured now."""
         self.state = CachePhase.BEFORE
-        pooled = pool_recent(self._filling, self._windows.min_window_s)
-        if pooled is not None and pooled[1] >= INPUT_SOLVED_WAIT:
+        pooled = self._window_before.pooled(self._windows.min_window_s)
+        if pooled is not None:
             self._on_before(*pooled)
-        elif self._applied != self.baseline:  # filled by a DataLoader: DALI measured again
+        else:  # a window of its own (under DALI, filled by a DataLoader: DALI again)
             self._apply(self.baseline, "cache: before")
-        else:
-            self._windows.measure("cache: before", 0, self._applied)
 
     def _room(self, to_warm: int = 0) -> bool:
         """Steps for a cached trial and an after-window (and DALI's window before) after ``to_warm``; else done."""
@@ -233,12 +231,12 @@ class CacheSession:
 
     def _on_before(self, rate: Rate | None, data_wait_frac: float) -> None:
         if rate is None:  # the settings in place failed: nothing to compare with
-            self._finish("the loader's workers failed in the window before the cache trial")
-            return
+            return self._finish("the loader's workers failed in the window before the cache trial")
         if data_wait_frac < INPUT_SOLVED_WAIT:  # the settings in place: removing their wait could not pay (floor)
-            self._finish(_compute_bound(data_wait_frac))
-            return
+            return self._finish(_compute_bound(data_wait_frac))
         self.before = rate
+        if self.trials:  # measured after the trials (``WindowBefore.judged``): the choice, against it
+            return self._choose()
         base = capped(self._cached_base, self._max_workers)
         alone, same = cached_with(base, 0), cached_with(base, base.num_workers)
         first_alone = self._alone_first and base.num_workers > 0 and not self._windows.short_of(self._applied, alone)
@@ -263,9 +261,11 @@ class CacheSession:
     def _choose(self) -> None:
         before = self.before
         ok = [t for t in self.trials if t.rate is not None]
+        if before is not None and not self._window_before.judged(ok, before, self._floor):
+            self.state = CachePhase.BEFORE  # short windows before, no cached trial clearly faster: one of its own
+            return self._apply(self.baseline, "cache: before")
         if before is None or not any(t.rate is not None and faster(t.rate, before, self._floor) for t in ok):
-            self._finish(f"reading from it was not faster beyond noise than {self.baseline.describe()}")
-            return
+            return self._finish(f"reading from it was not faster beyond noise than {self.baseline.describe()}")
         self.chosen = cheapest_unbeaten(ok, self._floor)
         self._say(f"chose {self.chosen.settings.describe()}; measuring it against the window before")
         skip = self._switch(self.chosen.settings)
@@ -278,20 +278,18 @@ class CacheSession:
         before, chosen, windows = self.before, self.chosen, self._after_windows
         if rate is None or before is None or chosen is None or chosen.rate is None or windows is None:
             self.after = None
-            self._finish("the chosen loader's workers failed in the after-window")
-            return
+            return self._finish("the chosen loader's workers failed in the after-window")
         verdict = windows.ended(rate, seconds, wait)
         if verdict is None:
             return
         self.outcome.notes.extend(windows.notes)
-        if verdict == "kept":
-            self.outcome.changes = kept_changes(chosen, self.baseline, windows.rate, before, self.trials)
-            self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
-            self._say(f"kept {chosen.settings.describe()}")
-            self.state = CachePhase.DONE
-        else:
+        if verdict != "kept":
             self.after = None
-            self._finish(not_faster(windows.rate, before))
+            return self._finish(not_faster(windows.rate, before))
+        self.outcome.changes = kept_changes(chosen, self.baseline, windows.rate, before, self.trials)
+        self.outcome.notes.append(f"sample cache kept: {chosen.settings.describe()}")
+        self._say(f"kept {chosen.settings.describe()}")
+        self.state = CachePhase.DONE
 
     def _finish(self, why: str) -> None:
         """Not kept: the settings in place before the cache session, again."""
@@ -352,6 +350,42 @@ class CacheSession:
     @property
     def kept(self) -> LoaderSettings | None:
         return self.chosen.settings if self.state is CachePhase.DONE and self.outcome.changes and self.chosen else None
+
+
+class WindowBefore:
+    """The window before of a cache session (its step 1): the settings in place, not reading from the store - the
+    windows measured of them (``windows``: the loader search's, then the quiet ones while waiting; rate, seconds and
+    data wait) pooled until they span a trial's length. Where they span less, yet say the loop waited, the cached
+    trials go first, judged against them (``provisional``); a window of its own is measured only when no cached
+    trial turns out clearly faster than them (``noise.clearly_faster``, the bar an early look must clear). On a
+    fast step, a window of the slow settings measured first could take most of the warm epoch: seen on 2 CPUs, 2.4 s
+    of a 3.8 s epoch that the cached trials, 8x faster, then read from the store."""
+
+    def __init__(self, measured: Iterable[tuple[Rate, float, float]] = ()) -> None:
+        self.windows = list(measured)
+        self.provisional = False
+
+    def add(self, rate: Rate, seconds: float, wait: float) -> None:
+        self.windows.append((rate, seconds, wait))
+
+    def pooled(self, seconds: float) -> tuple[Rate, float] | None:
+        """The window before (rate, wait) from the windows: those spanning ``seconds``, or provisionally all of them
+        where they span less; None - a window of its own - where none are, or where they say the loop hardly
+        waited (it may have run the step slower while they were measured: a window now confirms it)."""
+        full = pool_recent(self.windows, seconds)
+        if full is not None:
+            return full if full[1] >= INPUT_SOLVED_WAIT else None
+        short = pool(self.windows) if self.windows else None
+        self.provisional = short is not None and short[1] >= INPUT_SOLVED_WAIT
+        return short if self.provisional else None
+
+    def judged(self, trials: list[CacheTrial], before: Rate, floor: float) -> bool:
+        """Whether ``trials`` may be judged against ``before`` now: not when it is provisional and none of them is
+        clearly faster (then it no longer is: the window of its own measured next is ``before``)."""
+        if not self.provisional or any(t.rate is not None and clearly_faster(t.rate, before, floor) for t in trials):
+            return True
+        self.provisional = False
+        return False
 
 
 class PartedTrial:
