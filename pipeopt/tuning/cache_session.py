@@ -380,9 +380,10 @@ class WindowBefore:
         return short if self.provisional else None
 
     def judged(self, trials: list[CacheTrial], before: Rate, floor: float) -> bool:
-        """Whether ``trials`` may be judged against ``before`` now: not when it is provisional and none of them is
-        clearly faster (then it no longer is: the window of its own measured next is ``before``)."""
-        if not self.provisional or any(t.rate is not None and clearly_faster(t.rate, before, floor) for t in trials):
+        """Whether ``trials`` may be judged against ``before`` now: not when it is provisional and none of them (one
+        measured at least) is clearly faster - then it no longer is: the window of its own measured next is."""
+        rates = [t.rate for t in trials if t.rate is not None]
+        if not self.provisional or not rates or any(clearly_faster(rate, before, floor) for rate in rates):
             return True
         self.provisional = False
         return False

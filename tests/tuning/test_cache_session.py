@@ -365,10 +365,10 @@ def test_the_window_before_pools_the_last_waiting_windows_until_they_span_a_tria
     assert pool_recent(windows, 5.0) is None  # all of them span less: a window of its own is measured
 
 
-def provisional_before(cached: float, before_now: float):
+def provisional_before(cached: float | None, before_now: float):
     """A session whose one window of the settings in place (1 s at 400 samples/s, waiting 60 %) finds the store warm,
-    against a window before of 3 s asked; every cached setting then reads ``cached`` samples/s, and a window before
-    measured later ``before_now``. The session and its windows' labels."""
+    against a window before of 3 s asked; every cached setting then reads ``cached`` samples/s (None: its loader
+    fails), and a window before measured later ``before_now``. The session and its windows' labels."""
     labels: list[str] = []
     switcher = FakeSwitcher()
     switcher.current = EIGHT
@@ -381,8 +381,11 @@ def provisional_before(cached: float, before_now: float):
             break
         if labels[-1] == "cache: before":
             rate, wait = before_now, 0.6
+        elif not switcher.current.cache:
+            rate, wait = 400.0, 0.6
         else:
-            rate, wait = (cached, 0.1) if switcher.current.cache else (400.0, 0.6)
+            switcher.failed = None if cached is not None else RuntimeError("a loader worker died")
+            rate, wait = cached or 0.0, 0.1
         window_ends(session, labels, rate, wait)
     return session, labels
 
@@ -404,6 +407,9 @@ def test_windows_before_spanning_too_little_are_measured_again_only_when_no_cach
         assert labels.count("cache: before") == 1 and trials and labels.index("cache: before") > trials[-1]
         assert session.before is not None and session.before.value == before_now
         assert (session.kept is not None) == kept, session.outcome.notes
+
+    session, labels = provisional_before(cached=None, before_now=400.0)  # no cached trial measured: nothing to judge
+    assert "cache: before" not in labels and session.kept is None and session.state == "done"
 
 
 def test_too_little_waited_for_a_window_before_measures_one():
