@@ -95,7 +95,7 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     most = _most_workers(trainer, config, agree)
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
-                           alone_first=split.whole, quiet=ahead.quiet, max_workers=most,
+                           alone_first=split.whole, quiet=ahead.quiet, max_workers=most, making_ahead=ahead.running,
                            to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
@@ -214,13 +214,13 @@ class StoreCompletion:
         """Nothing is left to make before the cache is tried; the first call (once ``early``'s work ended) starts
         the work on what the store still misses."""
         cache = self._switcher.cache
-        if not self._begun and not any(job.running for job in self.jobs):
+        if not self._begun and not self.running():
             self._begun = True
             if cache is not None and self._fillable():
                 missing = cache.store.missing()
                 mine = missing[self._trainer.local_rank::max(1, self._trainer.num_devices)]  # the ranks share them
                 self._start(mine, "samples the store missed")
-        if any(job.running for job in self.jobs):
+        if self.running():
             return False
         for job in self.jobs[self._reported:]:
             self.note(job.describe())
@@ -241,6 +241,10 @@ class StoreCompletion:
         self.jobs.append(job)
         cache.on_close.append(job.stop)
         self._say(f"making {len(positions)} {what} ahead, in {workers} worker process(es)")
+
+    def running(self) -> bool:
+        """Whether what the store misses is being made now, on this rank."""
+        return any(job.running for job in self.jobs)
 
     def quiet(self) -> bool:
         """Whether the window that ended now - since the last call - ran with no backfill beside it."""

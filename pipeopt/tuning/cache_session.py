@@ -5,8 +5,9 @@ groups are done, this session makes sure the loader in place is one of those (th
 every rank - until the store holds the samples an epoch needs (``warm``: what it still misses made ahead, too; the
 windows measured beside that work on any rank are not ``quiet`` and are not pooled, so that every rank pools the
 same windows) - asked at each window's end and at the first step end of each epoch, so that an epoch whose start
-finds the store complete reads it from there on instead of finishing a window of the slow settings first. Then, on
-the live run:
+finds the store complete reads it from there on instead of finishing a window of the slow settings first (one
+whose start finds what the store misses being made ahead, past the epoch that made it, fills reading what it holds:
+``_Cold``). Then, on the live run:
 
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
@@ -93,7 +94,15 @@ class CacheTrial:
 
 @dataclass(frozen=True)
 class _Cold:
+    """At an epoch's first step while waiting. Past the epoch that made the store (on every rank), while what it
+    misses is made ahead (on any), the filling loader reads what the store holds and makes only the rest: making
+    it all again would take the CPUs from that work, which the trials wait for (on 2 CPUs, 832 samples took 6 s
+    beside a loader decoding every sample). Its windows read from the store: none is pooled into the window
+    before."""
+
     cold: bool = agreed(ANY)  # a rank's store may not be read yet
+    making: bool = agreed(ANY, default=False)  # a rank is still in the epoch that made its store
+    ahead: bool = agreed(ANY, default=False)  # a rank is making what its store misses (``apply.backfill``)
 
 
 @dataclass(frozen=True)
@@ -112,10 +121,11 @@ class CacheSession:
                  say: Callable[[str], None] = lambda line: None, prepare: Callable[[], str | None] = lambda: None,
                  alone_first: bool = False, holds_epoch: Callable[[], bool] | None = None,
                  quiet: Callable[[], bool] = lambda: True, to_warm: Callable[[], int] = lambda: 0,
-                 max_workers: int | None = None) -> None:
+                 max_workers: int | None = None, making_ahead: Callable[[], bool] = lambda: False) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended, on this rank
         self._quiet, self._alone_first, self._max_workers = quiet, alone_first, max_workers
+        self._making_ahead = making_ahead  # what the store misses is being made (``apply.backfill``), on this rank
         self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
@@ -185,8 +195,12 @@ class CacheSession:
         self._failure = self._switcher.take_failure() or self._failure
         began, self._epoch_began = self._epoch_began, False
         if began and self._pending is None and self.state is CachePhase.WAIT:
-            if not agree(_Cold(not self.warm()), self._agree).cold and self._room():
+            now = agree(_Cold(not self.warm(), self._to_warm() > 0, self._making_ahead()), self._agree)
+            if not now.cold and self._room():
                 self._ready()
+            elif now.cold and now.ahead and not now.making and self._applied == self.baseline:  # (``_Cold``)
+                self._apply(dataclasses.replace(self.baseline, cache=True), "filling the sample cache")
+                self._switcher.settle()
             return
         if self._pending is None or self.state is CachePhase.DONE:
             return
@@ -194,8 +208,7 @@ class CacheSession:
         beside = not self._quiet()  # asked before ``warm``, which may start work beside the run; any rank's counts
         figures = agree(Agreed.of(stats, self._applied, None, self._failure is not None, False, not self.warm(),
                                   beside), self._agree)
-        error, self._failure = self._failure, None
-        self._windows.last_step_s = figures.step_time_s
+        error, self._failure, self._windows.last_step_s = self._failure, None, figures.step_time_s
         measured = None if figures.failed else figures.rate
         if self.state is CachePhase.WAIT:
             if measured is not None and self._applied == self.baseline and not figures.beside:  # quiet: pooled

@@ -274,6 +274,40 @@ def test_a_users_sampler_is_never_read_ahead_and_what_the_store_misses_is_made_a
     assert psutil.Process().children() == []
 
 
+def test_while_the_next_epoch_makes_what_the_store_misses_the_filling_loader_reads_it_and_nothing_changes(
+        monkeypatch, tmp_path):
+    """A sampler of the user's own: what the store misses is made at the next epoch's start, in a worker process.
+    Meanwhile the filling loader reads what the store holds instead of making every sample again (a switch at that
+    epoch's first step to the same settings, reading) - and the model still sees the same samples in the same
+    order, its weights bit for bit those of a run without pipeopt, no process left behind."""
+    # an epoch long enough that the store holds its share of the next at its start (the user's 2 workers: the
+    # filler's settings then, where the cached trials' differ)
+    data = WhereMade(n=256, delay_s=0.02)
+
+    def users_fit(callbacks):
+        pl.seed_everything(3, verbose=False)
+        model = Regressor(hidden=32, dropout=0.5, batchnorm=True)
+        trainer = pl.Trainer(max_epochs=4, callbacks=[*callbacks, _Steps()], **quiet_trainer_kwargs())
+        trainer.fit(model, DataLoader(data, batch_size=8, sampler=UsersSampler(len(data)), num_workers=2,
+                                      persistent_workers=True))
+        return model
+
+    plain = users_fit([])
+    _cached_faster(monkeypatch)
+    switched = []
+    switch = cache_start.LoaderSwitcher.switch
+    monkeypatch.setattr(cache_start.LoaderSwitcher, "switch",
+                        lambda self, settings, **kw: switched.append(settings) or switch(self, settings, **kw))
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
+    tuned = users_fit([callback])
+    first_read = next(s for s in switched if s.cache)  # not a cached trial: their workers give way (or are none)
+    assert (first_read.num_workers, first_read.give_way) == (2, False), switched
+    assert "cache" in [c.knob for c in callback.report.changes] and tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+    assert psutil.Process().children() == []
+
+
 def test_the_backfill_makes_this_ranks_share_of_what_is_missing_when_each_epoch_draws_every_sample(tmp_path):
     """What the store misses is made ahead only when each epoch draws every sample of the data set - every missing
     one is then drawn in the next; a sampler that draws a part of it leaves the rest to be made when drawn. The

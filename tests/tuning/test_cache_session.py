@@ -508,6 +508,46 @@ def test_an_epoch_whose_start_finds_the_store_warm_tries_the_cache_at_its_first_
     assert len(switcher.switches) == 1
 
 
+@pytest.mark.parametrize("where", ["here", "another rank", "making epoch", "nothing ahead"])
+def test_past_the_epoch_that_made_the_store_the_filling_loader_reads_it_while_its_misses_are_made(where):
+    """At an epoch's first step past the epoch that made the store, while what it misses is made ahead: the filling
+    loader reads what the store holds and makes only the rest (making it all again takes the CPUs from that work).
+    Its windows read from the store, so they are not pooled into the window before: the trials are judged against
+    the windows of the settings in place before it. Not in the epoch that made the store (on any rank: it holds
+    nothing that epoch draws again), nor with nothing being made ahead (on every rank: the windows are the settings
+    in place, which the window before pools)."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    state = {"epoch": 0, "warm": False}
+
+    def agree(values):  # _Cold: cold, making, ahead - another rank making its misses ahead, in the next epoch
+        values = list(values)
+        if where == "another rank" and len(values) == 3:
+            values[2] = 1.0
+        return values
+
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=2.0),
+                           warm=lambda: state["warm"], fills=lambda: True, agree=agree,
+                           to_warm=lambda: 50 if where == "making epoch" else 0,
+                           making_ahead=lambda: where in ("here", "making epoch") and not state["warm"])
+    session.begin(0.6)
+    window_ends(session, labels, 400.0, 0.6)  # 1 s of the settings in place, quiet
+    state["epoch"] = 1
+    session.epoch_started()
+    session.on_step_end()  # the next epoch's first step: its misses are being made
+    reads = where in ("here", "another rank")
+    reading = dataclasses.replace(EIGHT, cache=True)
+    assert switcher.switches == ([reading] if reads else []) and session.state == "wait"
+    assert (labels[-1] == "filling the sample cache") == reads
+    for warm in (False, True):  # it reads the store fast; then the store is warm: the trials
+        state["warm"] = warm
+        window_ends(session, labels, 2000.0 if switcher.current.cache else 400.0, 0.2 if reads else 0.6)
+    assert session.before is not None and session.before.value == 400.0  # the windows that read: not pooled
+    assert labels[-1].startswith("cache trial")
+
+
 def test_waiting_asks_warm_at_once_and_at_each_epoch_start_not_only_at_window_ends():
     """``warm`` starts what it waits for (the store's missing items, made ahead): asked when the wait begins and at
     every epoch start while waiting, that work starts there rather than a window later; not once the session is
