@@ -305,8 +305,8 @@ class CacheSession:
         self.state = CachePhase.DONE
 
     def _finish(self, why: str) -> None:
-        """Not kept: the settings in place before the cache session, again."""
-        if self._applied != self.baseline:
+        """Not kept: the settings in place before the cache session, again (the user's own loader, where theirs)."""
+        if self._applied != self.baseline or (self.baseline == self._switcher.user_settings and self._fills()):
             if self.baseline == self._switcher.user_settings:
                 self._switcher.restore_user()
             else:

@@ -12,7 +12,7 @@ from pipeopt.tuning.loader_search import LoaderSettings
 from pipeopt.tuning.noise import Rate
 from pipeopt.tuning.session import Agreed, TrialWindows
 from tests.helpers import make_window
-from tests.tuning.test_session import FakeSwitcher
+from tests.tuning.test_session import USER, FakeSwitcher
 
 COLD = [f.name for f in dataclasses.fields(Agreed)].index("store_cold")
 BESIDE = [f.name for f in dataclasses.fields(Agreed)].index("beside")
@@ -365,13 +365,13 @@ def test_the_window_before_pools_the_last_waiting_windows_until_they_span_a_tria
     assert pool_recent(windows, 5.0) is None  # all of them span less: a window of its own is measured
 
 
-def provisional_before(cached: float | None, before_now: float):
+def provisional_before(cached: float | None, before_now: float, current: LoaderSettings = EIGHT):
     """A session whose one window of the settings in place (1 s at 400 samples/s, waiting 60 %) finds the store warm,
     against a window before of 3 s asked; every cached setting then reads ``cached`` samples/s (None: its loader
-    fails), and a window before measured later ``before_now``. The session and its windows' labels."""
+    fails), and a window before measured later ``before_now``. The session, its windows' labels and the switcher."""
     labels: list[str] = []
     switcher = FakeSwitcher()
-    switcher.current = EIGHT
+    switcher.current = current
     session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
                                                           min_window_s=3.0),
                            warm=lambda: True, fills=lambda: True)
@@ -387,7 +387,7 @@ def provisional_before(cached: float | None, before_now: float):
             switcher.failed = None if cached is not None else RuntimeError("a loader worker died")
             rate, wait = cached or 0.0, 0.1
         window_ends(session, labels, rate, wait)
-    return session, labels
+    return session, labels, switcher
 
 
 def test_windows_before_spanning_too_little_are_measured_again_only_when_no_cached_trial_is_clearly_faster():
@@ -396,20 +396,25 @@ def test_windows_before_spanning_too_little_are_measured_again_only_when_no_cach
     against them. A trial clearly faster (twice the gap ``faster`` asks) settles it - no window of the settings in
     place is measured. Otherwise one is, after the trials, and the choice is made against it alone: the short
     windows may have read the settings in place faster (or slower) than they run."""
-    session, labels = provisional_before(cached=1000.0, before_now=400.0)
+    session, labels, _ = provisional_before(cached=1000.0, before_now=400.0)
     assert "cache: before" not in labels and session.kept is not None
     assert session.before is not None and session.before.value == 400.0
     assert session.outcome.changes[0].measured_speedup == 2.5
 
     for before_now, kept in ((300.0, True), (420.0, False)):  # 430 is faster than 400, not clearly
-        session, labels = provisional_before(cached=430.0, before_now=before_now)
+        session, labels, _ = provisional_before(cached=430.0, before_now=before_now)
         trials = [i for i, label in enumerate(labels) if label.startswith("cache trial")]
         assert labels.count("cache: before") == 1 and trials and labels.index("cache: before") > trials[-1]
         assert session.before is not None and session.before.value == before_now
         assert (session.kept is not None) == kept, session.outcome.notes
 
-    session, labels = provisional_before(cached=None, before_now=400.0)  # no cached trial measured: nothing to judge
+    session, labels, _ = provisional_before(cached=None, before_now=400.0)  # no cached trial measured: nothing to judge
     assert "cache: before" not in labels and session.kept is None and session.state == "done"
+
+    # the user's own settings: measured again after the trials on pipeopt's copy of their loader, which fills the
+    # store; not kept, the user's own loader is back
+    session, labels, switcher = provisional_before(cached=430.0, before_now=420.0, current=USER)
+    assert labels.count("cache: before") == 1 and session.kept is None and switcher.restored
 
 
 def test_too_little_waited_for_a_window_before_measures_one():
