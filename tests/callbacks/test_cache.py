@@ -4,6 +4,7 @@ run without pipeopt, items taken from the store once it is warm, random datasets
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import psutil
@@ -282,12 +283,25 @@ def test_while_the_next_epoch_makes_what_the_store_misses_the_filling_loader_rea
     order, its weights bit for bit those of a run without pipeopt, no process left behind."""
     # an epoch long enough that the store holds its share of the next at its start (the user's 2 workers: the
     # filler's settings then, where the cached trials' differ)
-    data = WhereMade(n=256, delay_s=0.02)
+    data = WhereMade(n=256, delay_s=0.01)
+    held = threading.Event()  # the backfill makes nothing until the second step of epoch 1: running at its first
+
+    class HeldBackfill(cache_start.Backfill):
+        def _run(self, iterator):
+            held.wait(60)
+            super()._run(iterator)
+
+    class Release(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.current_epoch >= 1 and batch_idx >= 1:
+                held.set()
+
+    monkeypatch.setattr(cache_start, "Backfill", HeldBackfill)
 
     def users_fit(callbacks):
         pl.seed_everything(3, verbose=False)
         model = Regressor(hidden=32, dropout=0.5, batchnorm=True)
-        trainer = pl.Trainer(max_epochs=4, callbacks=[*callbacks, _Steps()], **quiet_trainer_kwargs())
+        trainer = pl.Trainer(max_epochs=4, callbacks=[*callbacks, _Steps(), Release()], **quiet_trainer_kwargs())
         trainer.fit(model, DataLoader(data, batch_size=8, sampler=UsersSampler(len(data)), num_workers=2,
                                       persistent_workers=True))
         return model
