@@ -3,12 +3,14 @@ grow - or why it is left alone (``report.skipped``)."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,8 @@ SHARED_MEMORY_SPARE = 1 << 30
 
 def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter, switcher: LoaderSwitcher | None, *,
                         say: Callable[[str], None], agree: ReduceMax, restored: dict[str, Any] | None,
-                        more_epochs: bool, short: str | None) -> tuple[CacheSession, LoaderSwitcher] | str:
-    """The cache session of this fit (and the switcher its loaders go through), or why there is none. Nothing of the
+                        more_epochs: bool, short: str | None) -> CacheStart | str:
+    """The cache session of this fit (and what goes with it: ``CacheStart``), or why there is none. Nothing of the
     user's is called here: the dataset is checked, and the store made, only when pipeopt first switches loaders -
     on every rank at the same step - because the run is input-bound (``prepare``)."""
     resuming = restored is not None and "cache" in restored
@@ -73,8 +75,7 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
             store = _store(trainer, config, split, name, in_memory=on_disk == 0)  # the node's ranks share one place
             switcher.cache = SampleCache(split, store, keep=config.keep_sample_cache)
             if not held_enough():  # a kept store may be warm already
-                size = _samples_per_epoch(trainer, user, len(split)) / max(1, trainer.num_training_batches or 1)
-                drawn = _lightning.batches_this_epoch(trainer) * size * max(1, trainer.num_devices)
+                drawn = _lightning.batches_this_epoch(trainer) * _batch_samples(trainer, user, len(split))
                 made.update(epoch=trainer.current_epoch, before=min(int(drawn), per_epoch // 2))
             else:
                 made["epoch"] = -1
@@ -87,20 +88,57 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     def warm() -> bool:  # not in the epoch that made the store (what it drew before the store may be made in it)
         return held_enough() and ahead.done() if trainer.current_epoch > made["epoch"] else ahead.early()
 
-    # Windows at least CACHE_WINDOW_S_FACTOR x window_s long: workers that each wait long on storage deliver their
-    # batches in bursts, and a window of a few bursts cannot tell a cache's gain from the noise (one decision a fit)
+    # Windows of CACHE_WINDOW_S_FACTOR x window_s: storage-bound workers deliver in bursts, a few of which hide a gain
     windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None,
                            steps_left=steps_left(trainer))
-    # The loader search stops once the store holds an epoch of whole items (a split one leaves work for workers)
-    most = _most_workers(trainer, config, agree)
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
-                           holds_epoch=held_enough if split.whole else (lambda: False), say=said, prepare=prepare,
-                           alone_first=split.whole, quiet=ahead.quiet, max_workers=most, making_ahead=ahead.running,
+                           say=said, prepare=prepare, alone_first=split.whole, quiet=ahead.quiet,
+                           max_workers=_most_workers(trainer, config, agree), making_ahead=ahead.running,
                            to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
         session.restore(LoaderSettings(**restored["cache"]) if restored["cache"] else None)
-    return session, switcher
+    if not split.whole:  # a random transform leaves work per sample: the loader search goes on (workers share it)
+        return CacheStart(session, switcher, lambda: False, lambda: None)
+    return CacheStart(session, switcher, held_enough, lambda: steps_to_read(
+        trainer, switcher.cache, made["epoch"], per_epoch, _batch_samples(trainer, user, len(split))))
+
+
+@dataclass(frozen=True)
+class CacheStart:
+    """A fit's cache session, the switcher its loaders go through, and what the loader search asks of the store
+    while it runs - only where the store holds whole items, whose reads may take every sample's work away: whether
+    it holds an epoch already (the search stops: more workers would only share work the cache may remove), and the
+    steps until it is read (``steps_to_read``)."""
+
+    session: CacheSession
+    switcher: LoaderSwitcher
+    holds_epoch: Callable[[], bool]
+    read_in: Callable[[], int | None]
+
+
+def steps_to_read(trainer: Any, cache: SampleCache | None, made_in: int, per_epoch: int, batch: float) -> int | None:
+    """The optimizer steps until the store is read - the rest of the epoch that makes it (none past it) - less those
+    the loader in place would take to draw what the store misses of what this epoch drew (``batch``: samples a batch
+    of the node's ranks holds): the samples the user's own loader made are made ahead once the cache's session
+    begins (``StoreCompletion``), beside the loader and on the same CPUs, and in this epoch they cost the next one
+    nothing. Only where the budget may hold an epoch at the bytes an item took so far; the loader search starts no
+    window it could not finish before (``session._no_room``). None - nothing to wait for: no store yet, one an
+    earlier run kept warm (``made_in`` -1), or one whose budget holds a part of an epoch (the rest is made as
+    before: the search does the most for it)."""
+    if cache is None or made_in < 0:
+        return None
+    stats = cache.store.stats()
+    if stats.full or stats.bytes_used * per_epoch > stats.budget_bytes * max(1, stats.stored):
+        return None
+    misses = max(0.0, _lightning.batches_this_epoch(trainer) * batch - stats.stored)
+    return max(0, steps_to_warm(trainer, made_in) - math.ceil(misses / batch / max(1, trainer.accumulate_grad_batches)))
+
+
+def _batch_samples(trainer: Any, user: Any, length: int) -> float:
+    """The samples a batch of the node's ranks holds (every rank's loader draws its own)."""
+    return _samples_per_epoch(trainer, user, length) / max(1, trainer.num_training_batches or 1) * max(
+        1, trainer.num_devices)
 
 
 def _most_workers(trainer: Any, config: PipeOptConfig, agree: ReduceMax) -> int | None:

@@ -75,9 +75,9 @@ class TuningRun:
             if isinstance(started, str):  # in the report; no warning: the cache is a bonus a dataset may not allow
                 self.skip("cache", started, warn=False)
             else:
-                self.sample_cache, self.switcher = started
-                if self.session is not None:
-                    self.session.store_warm = self.sample_cache.holds_epoch
+                self.sample_cache, self.switcher = started.session, started.switcher
+                if self.session is not None:  # the loader search asks the store (``CacheStart``)
+                    self.session.store_warm, self.session.store_read_in = started.holds_epoch, started.read_in
         plan = self.batch
         if plan is not None and plan.choice is not None and self._loader_settled:
             plan.begin(trainer, 0)  # the checkpoint's plan, from the first batch (the loader is settled)

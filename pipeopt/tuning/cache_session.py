@@ -119,14 +119,13 @@ class CacheSession:
     def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, prepare: Callable[[], str | None] = lambda: None,
-                 alone_first: bool = False, holds_epoch: Callable[[], bool] | None = None,
-                 quiet: Callable[[], bool] = lambda: True, to_warm: Callable[[], int] = lambda: 0,
+                 alone_first: bool = False, quiet: Callable[[], bool] = lambda: True,
+                 to_warm: Callable[[], int] = lambda: 0,
                  max_workers: int | None = None, making_ahead: Callable[[], bool] = lambda: False) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended, on this rank
         self._quiet, self._alone_first, self._max_workers = quiet, alone_first, max_workers
         self._making_ahead = making_ahead  # what the store misses is being made (``apply.backfill``), on this rank
-        self.holds_epoch = holds_epoch or warm  # the store holds an epoch (``warm``: and it may be read now)
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._to_warm = agree, floor, say, to_warm  # (the steps left: windows')

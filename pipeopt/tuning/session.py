@@ -60,17 +60,18 @@ class Agreed:
     step_cpu_s: float | None = agreed(MAX, default=None)  # ... and the step: the process's CPU outside the fetch
     supply_wait_frac: float | None = agreed(MAX, default=None)  # the wait with no batch ready (``window_supply_wait``)
     beside: bool = agreed(ANY, default=False)  # work of pipeopt's ran beside the window on a rank (a sample backfill)
+    read_in: int | None = agreed(MAX, default=None)  # steps until the store is read (``cache_start.steps_to_read``)
 
     @classmethod
     def of(cls, stats: WindowStats, settings: LoaderSettings, mem: int | None, failed: bool,
-           over_budget: bool, store_cold: bool = True, beside: bool = False) -> Agreed:
+           over_budget: bool, store_cold: bool = True, beside: bool = False, read_in: int | None = None) -> Agreed:
         """This rank's figures for a window measured under ``settings`` (``beside``: with work of pipeopt's beside it
         on this rank)."""
         rate, wait, res = noise.window_rate(stats, settings), noise.window_wait(stats, settings), stats.resources
         load_cpu, step_cpu = cpu_per_sample(stats, settings)
         return cls(rate.value, rate.rel_se, stats.step_time_s, wait, stats.transfer_frac,
                    res.cpu_main_pct, res.cpu_workers_pct, mem, failed, over_budget, store_cold, load_cpu, step_cpu,
-                   noise.window_supply_wait(stats, settings), beside)
+                   noise.window_supply_wait(stats, settings), beside, read_in)
 
     @property
     def rate(self) -> Rate:
@@ -118,6 +119,12 @@ class TrialWindows:
     last_rate: float | None = None  # samples/s of the last window, whose steps took ``last_step_s``
     predicted: Callable[[LoaderSettings], float | None] = lambda settings: None  # the loader model's rate
     steps_left: Callable[[], int | None] = lambda: None  # optimizer steps the fit has left (None: unbounded)
+    horizon: int | None = None  # ... or fewer, within which windows end (agreed: ``LoaderSession``, a sample store)
+
+    def left(self) -> int | None:
+        """The steps left for windows: the fit's, or the ``horizon`` where it comes first."""
+        fit = self.steps_left()
+        return self.horizon if fit is None or (self.horizon is not None and self.horizon < fit) else fit
 
     def measure(self, label: str, skip: int, settings: LoaderSettings | None = None) -> None:
         """Skip ``skip`` steps, then measure windows shaped for ``settings`` (None: the default window). A window
@@ -154,7 +161,7 @@ class TrialWindows:
         self.reset_meter(label, 0, steps, 5)
 
     def _sized(self, settings: LoaderSettings, skip: int) -> tuple[int, int]:
-        return self._cut(settings, skip, self.steps_left())
+        return self._cut(settings, skip, self.left())
 
     def _cut(self, settings: LoaderSettings, skip: int, left: int | None) -> tuple[int, int]:
         """``_shape`` cut to a third of the ``left`` steps after ``skip`` (None: an unbounded fit, not cut)."""
@@ -171,7 +178,7 @@ class TrialWindows:
         in-flight batches again) and two windows shaped for it (the second when the first is too close to call).
         Each window as ``measure`` will cut it, from the steps left then: where the fit is bounded, a window paced in
         seconds is shortened to fit rather than the trial refused."""
-        left = self.steps_left()
+        left = self.left()
         skip = applied.in_flight + candidate.in_flight
         trial = skip + self._cut(candidate, skip, left)[0]
 
@@ -187,7 +194,7 @@ class TrialWindows:
                  tried: Iterable[LoaderSettings] = ()) -> tuple[int, int] | None:
         """(steps left, steps needed) where the fit has too few for a trial of ``candidate`` and its after-windows
         (``trial_steps``); None where it has room (an unbounded fit always has)."""
-        left, need = self.steps_left(), self.trial_steps(applied, candidate, tried)
+        left, need = self.left(), self.trial_steps(applied, candidate, tried)
         return (left, need) if left is not None and left < need else None
 
     def _step_s(self, settings: LoaderSettings) -> float | None:
@@ -298,6 +305,7 @@ class LoaderSession:
         self._cached: CachedCheck | None = None
         self.store_warm: Callable[[], bool] = lambda: False  # the sample cache's store holds an epoch (this rank)
         self.store_warm_agreed = False  # ... on every rank: the search stops (the cache may remove the work)
+        self.store_read_in: Callable[[], int | None] = lambda: None  # steps until the store is read (``_no_room``)
         self.measured: list[tuple[LoaderSettings, Rate, float, float]] = []  # every window: settings, rate, s, wait
 
     def on_window(self, stats: WindowStats) -> None:
@@ -317,8 +325,8 @@ class LoaderSession:
         over_budget = self._elapsed() > self._budget_s
         mem = self._worker_memory() if self._switcher.current.num_workers else None
         agreed = agree(Agreed.of(stats, self._applied, mem, self._failure is not None, over_budget,
-                                 not self.store_warm()), self._agree)
-        self.store_warm_agreed = not agreed.store_cold
+                                 not self.store_warm(), read_in=self.store_read_in()), self._agree)
+        self.store_warm_agreed, self._windows.horizon = not agreed.store_cold, agreed.read_in
         if not agreed.failed:
             self.measured.append((self._applied, agreed.rate, agreed.step_time_s * stats.steps, agreed.data_wait_frac))
         failure, self._failure = self._failure, None
@@ -520,12 +528,16 @@ def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialW
              user: LoaderSettings) -> str | None:
     """Why the fit has no room for a trial of ``candidate`` and the after-windows of whichever of it and the
     settings measured in ``trials`` is chosen (None: it has room, or the fit is unbounded). The user's settings,
-    chosen, need no after-window."""
+    chosen, need no after-window. Nor before a sample cache's store of whole items is read (the windows'
+    ``horizon``: ``cache_start.steps_to_read``): a window running into that epoch, at a decoding loader's pace, would
+    put off the cached trials, which may take every sample's work away."""
     short = windows.short_of(applied, candidate, [t.settings for t in trials if t.ok and t.settings != user])
     if short is None:
         return None
-    return (f"the fit has {short[0]} optimizer steps left: too few for another trial ({candidate.describe()}) and "
-            f"its after-windows ({short[1]}); chose among the trials so far")
+    left = (f"the sample cache's store is read in {short[0]} optimizer steps (the next epoch, less the steps making "
+            "what it misses)" if short[0] == windows.horizon else f"the fit has {short[0]} optimizer steps left")
+    return (f"{left}: too few for another trial ({candidate.describe()}) and its after-windows ({short[1]}); chose "
+            "among the trials so far")
 
 
 def _trial_line(search: LoaderSearch, settings: LoaderSettings) -> str:

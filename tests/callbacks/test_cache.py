@@ -192,6 +192,36 @@ def test_the_store_is_warm_at_its_share_of_what_pipeopts_loaders_could_fill():
     assert holds_epoch(stats(100, unstored=5), 4096, 0) and not holds_epoch(None, 4096, 0)
 
 
+def test_the_loader_search_ends_in_time_for_a_store_of_whole_items_to_be_made_and_read_from_the_next_epoch():
+    """The steps until the store is read - the rest of the epoch that makes it, less the steps the loader would take
+    to draw what it misses of what the epoch drew (the user's own loader made those: they are made ahead once the
+    cache's session begins) - bound the loader search's windows only while the store is made in this epoch and its
+    budget holds an epoch at the bytes an item took so far."""
+    from types import SimpleNamespace
+
+    from pipeopt.apply.sample_store import StoreStats
+    from pipeopt.callbacks.cache_start import steps_to_read
+
+    progress = SimpleNamespace(current=SimpleNamespace(ready=90))  # 90 batches of 32 drawn: 2,880 samples
+    trainer = SimpleNamespace(current_epoch=0, num_training_batches=128, accumulate_grad_batches=1,
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+
+    def cache(stored, item_bytes=1000, unstored=0):
+        stats = StoreStats(stored=stored, length=4096, bytes_used=stored * item_bytes, budget_bytes=4096 * 1000,
+                           fill_s=0.0, unstored=unstored)
+        return SimpleNamespace(store=SimpleNamespace(stats=lambda: stats))
+
+    assert steps_to_read(trainer, cache(2880), 0, 4096, 32) == 38  # the 128 - 90 steps left of the making epoch
+    assert steps_to_read(trainer, cache(2560), 0, 4096, 32) == 28  # 320 missing: 10 steps' worth to make them
+    assert steps_to_read(trainer, cache(1000), 0, 4096, 32) == 0  # more missing than the epoch has steps left
+    assert steps_to_read(trainer, None, 0, 4096, 32) is None  # no store yet
+    assert steps_to_read(trainer, cache(2880), -1, 4096, 32) is None  # kept warm by an earlier run
+    assert steps_to_read(trainer, cache(2880, item_bytes=1001), 0, 4096, 32) is None  # an epoch would not fit
+    assert steps_to_read(trainer, cache(2880, unstored=1), 0, 4096, 32) is None  # the budget is spent
+    trainer.current_epoch = 1
+    assert steps_to_read(trainer, cache(4096), 0, 4096, 32) == 0  # past the making epoch: read it now
+
+
 class WhereMade(SleepyDataset):
     """Storage-bound items, recording the training step at which each was made in this process (the main one:
     worker processes record into their own copies)."""

@@ -188,6 +188,35 @@ def test_a_close_call_measures_the_users_own_loader_again_before_choosing():
     assert any(line.startswith("trial 0: num_workers=0") and "pooled over 2 windows" in line for line in said)
 
 
+def test_no_trial_starts_that_the_epoch_making_a_store_of_whole_items_cannot_finish_on_any_rank():
+    """A store of whole items is read from the epoch after the one that makes it: a trial running into that epoch, at
+    a decoding loader's pace, would put the cached trials off. The horizon is the most steps any rank has (a rank
+    whose store an earlier run kept has none: None)."""
+    other = {"read_in": None}
+    slot = [f.name for f in dataclasses.fields(Agreed)].index("read_in")
+
+    def agree(values):
+        theirs = list(values)
+        theirs[slot] = float("-inf") if other["read_in"] is None else float(other["read_in"])
+        return [max(a, b) for a, b in zip(values, theirs)]
+
+    s, switcher, _ = session(agree)
+    here = {"read_in": None}
+    s.store_read_in = lambda: here["read_in"]
+    feed(s, 100.0, 0.5)  # before: no store yet; the model picks 2 workers
+    two = switcher.switches[-1]
+    assert two.num_workers == 2
+    here["read_in"], other["read_in"] = 200, None  # this rank makes its store: room for the next trial (20 + 40)
+    feed(s, 150.0, 0.3)
+    assert s.state == "trial" and switcher.switches[-1] != two
+    third = switcher.switches[-1]
+    here["read_in"], other["read_in"] = None, 30  # now only the other rank makes one, 30 steps from being read
+    feed(s, 160.0, 0.3)
+    assert switcher.switches[-1] == third  # no further trial: the fastest measured is chosen and verified
+    assert s.state == "after" and s.chosen.settings == third
+    assert any("the sample cache's store is read in 30 optimizer steps" in n for n in s.notes)
+
+
 def test_a_warm_sample_store_ends_the_worker_search_so_the_cache_is_tried_next():
     s, switcher, _ = session()
     warm = {"now": False}
