@@ -32,8 +32,10 @@ whose start finds what the store misses being made ahead, past the epoch that ma
    slower beyond noise, trials halving the workers while each keeps pace with the best cached trial (at most
    three). Where the store holds whole items (``alone_first``: nothing left to do per sample but read it), the
    main process alone is tried first - and alone, when the loop then waits for data less than a compute-bound
-   run does (workers could only share a wait that is no longer there). Last, the cached setting that would be
-   chosen, where it has workers, once more at the usual priority (kept at a tie: nothing changes that need not).
+   run does (workers could only share a wait that is no longer there), or the training process left fewer CPUs
+   idle than its loading kept busy (``cpu_room``: workers could only take CPU time from the step). Last, the
+   cached setting that would be chosen, where it has workers, once more at the usual priority (kept at a tie:
+   nothing changes that need not).
    Each cached trial's window is measured in parts (``TRIAL_PARTS``), the first as short as a window may be; a
    trial whose parts so far are slower beyond noise than ``before`` or another cached trial stops there: it could
    not be chosen, and on a window sized at the pace of the trial before it (``TrialWindows``), a slow trial's
@@ -86,6 +88,7 @@ class CacheTrial:
     data_wait_frac: float | None = None
     error: str | None = None
     stopped: str | None = None  # why it stopped before its window's end (``PartedTrial``)
+    cpu_room: float | None = None  # CPUs left for workers to load beside the step (``cpu_room``; None: not known)
 
     def describe(self) -> str:
         return (f"cache trial: {self.settings.describe()} -> "
@@ -217,7 +220,7 @@ class CacheSession:
         elif self.state is CachePhase.BEFORE:
             self._on_before(measured, figures.data_wait_frac)
         elif self.state is CachePhase.TRIAL:
-            self._on_trial(measured, figures.data_wait_frac, figures.step_time_s * stats.steps, error)
+            self._on_trial(measured, figures, stats.steps, error)
         else:
             self.after = stats
             self._on_after(measured, figures.step_time_s * stats.steps, figures.data_wait_frac)
@@ -254,10 +257,11 @@ class CacheSession:
         first_alone = self._alone_first and base.num_workers > 0 and not self._windows.short_of(self._applied, alone)
         self._try(alone if first_alone else same)
 
-    def _on_trial(self, rate: Rate | None, wait: float, seconds: float, error: BaseException | None) -> None:
+    def _on_trial(self, rate: Rate | None, figures: Agreed, steps: int, error: BaseException | None) -> None:
         """A part of the trial in place ended: its next part (``PartedTrial``), or the next trial, or the choice."""
-        trial = self._trial.ended(rate, seconds, wait, error, self.before, self.trials,
-                                  self._floor) if self._trial else None
+        room = cpu_room(figures, self._max_workers)  # (whether workers may be tried after the main process alone)
+        trial = self._trial.ended(rate, figures.step_time_s * steps, figures.data_wait_frac, error, self.before,
+                                  self.trials, self._floor, room) if self._trial else None
         if trial is None:
             return
         self.trials.append(trial)
@@ -412,11 +416,11 @@ class PartedTrial:
         self.parts: list[tuple[Rate, float, float]] = []  # each part's rate, seconds and data wait
 
     def ended(self, rate: Rate | None, seconds: float, wait: float, error: BaseException | None, before: Rate | None,
-              trials: list[CacheTrial], floor: float) -> CacheTrial | None:
+              trials: list[CacheTrial], floor: float, room: float | None = None) -> CacheTrial | None:
         """A part ended (``rate`` over ``seconds``, waiting ``wait`` of them; None: it failed, with ``error`` where
         this rank saw it). None while the next part is measured; else the trial: its parts as one (``pool``), and
         why it stopped before its window's end - slower beyond noise than ``before`` or one of the cached
-        ``trials``."""
+        ``trials``. ``room``: the part's ``cpu_room``."""
         if rate is None:
             failed = first_line(error) if error else "a loader worker failed on another rank"
             return CacheTrial(self.settings, None, wait, failed)
@@ -430,7 +434,7 @@ class PartedTrial:
         steps, window = self.first + (done - 1) * self.later, self.first + (self.count - 1) * self.later
         stopped = why and (f"cache trial {self.settings.describe()} stopped after {done} of its {self.count} parts "
                            f"({steps} of {window} steps): {rate.value:,.1f} samples/s, slower beyond noise than {why}")
-        return CacheTrial(self.settings, rate, wait, stopped=stopped)
+        return CacheTrial(self.settings, rate, wait, stopped=stopped, cpu_room=room)
 
 
 class AfterWindows:
@@ -511,8 +515,12 @@ def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, befo
     if baseline.dali:
         changes.append(Change("dali", baseline.dali, None, "the cached DataLoader was faster"))
     if chosen.settings.num_workers != baseline.num_workers:
+        room = chosen.cpu_room if not any(t.settings.num_workers for t in trials) else None
         changes.append(Change("num_workers", baseline.num_workers, chosen.settings.num_workers,
-                              "the cheapest worker count no other cached trial beat beyond noise"))
+                              "the cheapest worker count no other cached trial beat beyond noise" if room is None
+                              or room >= 0 else "the main process alone read from the store; workers were not "
+                              "tried: the training process left fewer CPUs idle than its loading kept busy (room "
+                              f"{room:+.2f} CPUs)"))
     if chosen.settings.give_way:
         usual = [t for t in trials if t.settings == dataclasses.replace(chosen.settings, give_way=False)]
         at_it = ("the fit had no room to try them at it" if not usual else "at it, they failed" if not usual[0].rate
@@ -566,8 +574,8 @@ def following(trials: list[CacheTrial], before: Rate | None, in_place: int, floo
         first = trials[0]
         if first.settings.num_workers > 0:
             return 0
-        wait = first.data_wait_frac
-        return None if wait is not None and wait < COMPUTE_BOUND_WAIT else in_place
+        wait, room = first.data_wait_frac, first.cpu_room
+        return None if (wait is not None and wait < COMPUTE_BOUND_WAIT) or (room is not None and room < 0) else in_place
     best = max(ok, key=lambda t: t.rate.value if t.rate else 0.0)
     alone = next((t for t in ok if t.settings.num_workers == 0), None)
     if best.rate is None or not faster(best.rate, before, floor):
@@ -579,6 +587,19 @@ def following(trials: list[CacheTrial], before: Rate | None, in_place: int, floo
         return None  # the last cut made it slower
     fewer = (in_place if len(trials) == 2 else last.settings.num_workers) // 2
     return fewer if fewer > 0 and len(trials) < 2 + MAX_FEWER else None
+
+
+def cpu_room(figures: Agreed, cpus: int | None) -> float | None:
+    """The CPUs of the rank's ``cpus`` the training process left idle over a window, less those its loading kept
+    busy: the room workers would have to take that loading over beside the step. Below zero, they could only take
+    CPU time from it - with the store in memory what is left to load is CPU work, and a step whose intra-op threads
+    use every CPU leaves none idle (on 2 CPUs, the main process alone reading whole items from the store used
+    197-201 % of them; every cached trial with workers there read slower beyond noise:
+    ``benchmarks/results/README.md``). None where not known (no CPU count: a store on disk, ``sample_cache_dir``,
+    may wait on the disk, not on the CPUs)."""
+    if cpus is None or figures.cpu_main_pct is None or figures.load_cpu_s is None:
+        return None
+    return cpus - figures.cpu_main_pct / 100.0 - figures.load_cpu_s * figures.samples_per_s
 
 
 def cached_with(base: LoaderSettings, workers: int) -> LoaderSettings:

@@ -51,8 +51,8 @@ def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_
     for _ in range(windows):
         if session.state == "done":
             break
-        rate, wait = world(switcher.current)
-        session.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01))
+        rate, wait, *figures = world(switcher.current)  # (and the window's other figures, where a world has them)
+        session.on_window(make_window(samples_per_s=rate, data_wait_frac=wait, rate_rel_se=0.01, **dict(*figures)))
         seen["windows"] += 1
         session.on_step_end()
     return session, switcher
@@ -343,6 +343,29 @@ def test_whole_items_still_try_the_workers_when_the_main_process_alone_leaves_a_
     assert tried[:3] == [(0, True), (8, True), (4, True)]  # alone, the workers in place, then halving
     assert session.kept is not None and session.kept.cache and session.kept.num_workers >= 1
 
+
+
+@pytest.mark.parametrize("cpu_main_pct", [199.0, 120.0])
+def test_whole_items_try_the_workers_only_where_the_training_process_leaves_cpus_idle_for_their_loading(cpu_main_pct):
+    """On the rank's 2 CPUs, the main process alone reading from the store (5 ms of 32 samples a 100 ms step, 320
+    samples/s: 0.05 CPUs busy loading) used 199 %: workers could only take CPU time from the step - not tried, and
+    the report says why. Using 120 %, 0.8 CPUs were idle: the workers in place are tried."""
+    from pipeopt.measure.resources import ResourceFigures
+
+    def world(settings):
+        if settings.cache and settings.num_workers == 0:  # the loop still waits 25 % of a step: the read
+            return 320.0, 0.25, {"fetch_cpu_s": 0.005, "resources": ResourceFigures(cpu_main_pct=cpu_main_pct)}
+        return (330.0, 0.02) if settings.cache else (100.0, 0.6)
+
+    session, switcher = run(world, alone_first=True, max_workers=2)
+    tried = [(s.num_workers, s.cache) for s in switcher.switches]
+    if cpu_main_pct > 190:
+        assert tried == [(0, True)]  # the main process alone, then its after-window
+        change = next(c for c in session.outcome.changes if c.knob == "num_workers")
+        assert "workers were not tried" in change.reason and "room -0.04 CPUs" in change.reason
+    else:
+        assert tried[:2] == [(0, True), (2, True)]  # the workers in place, at most one per CPU
+    assert session.kept is not None and session.kept.cache
 
 
 def test_a_fit_that_ends_mid_session_says_where_it_stopped():
