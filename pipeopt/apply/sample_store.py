@@ -170,6 +170,7 @@ class SampleStore:
         self._pid: int | None = None
         self._files: _Files | None = None
         self._batches = _dataloader.BatchBuffers()  # the memory of the batches get_rows reads, used again
+        self._mapped_to = 0  # the data file's bytes up to here are mapped into this process (``map_in_stored``)
         alive = os.open(self.directory / "alive", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(alive, fcntl.LOCK_SH)  # held (until this process closes it), the store is in use
         self._alive: tuple[int, int] | None = (os.getpid(), alive)
@@ -184,7 +185,8 @@ class SampleStore:
                 "slot": self.slot}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _pid=None, _files=None, _alive=None, _batches=_dataloader.BatchBuffers())
+        self.__dict__.update(state, _pid=None, _files=None, _alive=None, _batches=_dataloader.BatchBuffers(),
+                             _mapped_to=0)
 
     def _open(self) -> _Files:
         """This process's view of the store's files (opened on first use in each process)."""
@@ -245,6 +247,19 @@ class SampleStore:
         for tensor, offsets in zip(batch, at):
             files.gather(offsets, tensor)
         return items
+
+    def map_in_stored(self) -> None:
+        """Map the records stored since the last call - by any process - into this process's page tables now
+        (``_Files.map_in``): the training process, which reads the store where it loads in the main process, calls
+        it while the store fills, so that its first epoch reading the records loader workers or ``apply.backfill``
+        stored takes no page fault on each of their pages (reading 600 MB a 4.8 MB batch at a time took 0.65 ms a
+        batch from pages not mapped, 0.18 ms once mapped; mapping them took 54 ms in all). Its own records are
+        mapped as it stores them (``put``)."""
+        files = self._open()
+        end = files.index[_END]  # (claimed: a record being written is mapped too - the same pages as the file's)
+        if end > self._mapped_to:
+            files.map_in(self._mapped_to, end - self._mapped_to)
+            self._mapped_to = end
 
     def has(self, position: int) -> bool:
         return self._open().index[_HEADER + 2 * position + 1] > 0

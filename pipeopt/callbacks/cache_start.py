@@ -56,9 +56,7 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     switcher = switcher or LoaderSwitcher(trainer)
     user = switcher.user  # the user's own loader: the one in place may be pipeopt's already
     per_epoch = min(len(split), _samples_per_epoch(trainer, user, len(split)) * max(1, trainer.num_devices))
-    # The epoch the store was made in (no sample it holds is drawn again before the next), and the samples that
-    # epoch drew before it: made by the user's loader, they can only be stored when next drawn
-    made = {"epoch": 0, "before": 0}
+    made = {"epoch": 0, "before": 0}  # the epoch that made the store; what it drew before it (stored when next drawn)
 
     def held_enough() -> bool:
         return holds_epoch(switcher.cache.store.stats() if switcher.cache is not None else None, per_epoch,
@@ -86,6 +84,8 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
                             draws_all=per_epoch >= len(split))
 
     def warm() -> bool:  # not in the epoch that made the store (what it drew before the store may be made in it)
+        if switcher.cache is not None:  # (asked while the store fills: the records others stored, mapped in now)
+            switcher.cache.store.map_in_stored()
         return held_enough() and ahead.done() if trainer.current_epoch > made["epoch"] else ahead.early()
 
     # Windows of CACHE_WINDOW_S_FACTOR x window_s: storage-bound workers deliver in bursts, a few of which hide a gain

@@ -220,10 +220,11 @@ def _store_in_a_worker(store, record, mapped) -> None:
 
 
 @pytest.mark.skipif(not _maps_in_ahead(), reason="needs Linux 5.14+ (madvise MADV_POPULATE_READ) and /proc/self/smaps")
-def test_the_process_that_made_the_store_maps_in_what_it_stores_and_a_worker_does_not(tmp_path):
+def test_the_process_that_made_the_store_maps_in_what_it_stores_and_what_others_stored_when_asked(tmp_path):
     """A first read of pages this process has not mapped yet faults on each (reading a 4.8 MB batch so took twice as
     long, measured): the training process - which made the store, and reads from the next epoch what it stored at
-    ``num_workers=0`` - maps each record in as it stores it. A worker does not: its mapping goes with it."""
+    ``num_workers=0`` - maps each record in as it stores it. A worker does not: its mapping goes with it. What
+    workers stored, the training process maps in when asked while the store fills (``map_in_stored``)."""
     store = SampleStore(tmp_path / "s", 8, 16 << 20)
     record = encode(torch.zeros(300_000, dtype=torch.uint8))
     assert _mapped_bytes(store.directory / "data") == 0
@@ -236,6 +237,10 @@ def test_the_process_that_made_the_store_maps_in_what_it_stores_and_a_worker_doe
     worker.join(60)
     assert worker.exitcode == 0 and store.has(1)
     assert 0 <= mapped.value < len(record)
+    assert _mapped_bytes(store.directory / "data") < 2 * len(record)  # the worker's record: not mapped here yet
+    store.map_in_stored()
+    assert _mapped_bytes(store.directory / "data") >= 2 * len(record)
+    assert bytes(store.get(1)) == record  # the same bytes, read through the pages mapped in
 
 
 def test_a_reopened_store_keeps_its_items_and_a_kept_cache_survives_close(tmp_path):
