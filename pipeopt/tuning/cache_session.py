@@ -594,7 +594,7 @@ def cpu_room(figures: Agreed, cpus: int | None) -> float | None:
     busy: the room workers would have to take that loading over beside the step. Below zero, they could only take
     CPU time from it - with the store in memory what is left to load is CPU work, and a step whose intra-op threads
     use every CPU leaves none idle (on 2 CPUs, the main process alone reading whole items from the store used
-    197-201 % of them; every cached trial with workers there read slower beyond noise:
+    199-201 % of them; every cached trial with workers there read slower beyond noise:
     ``benchmarks/results/README.md``). None where not known (no CPU count: a store on disk, ``sample_cache_dir``,
     may wait on the disk, not on the CPUs)."""
     if cpus is None or figures.cpu_main_pct is None or figures.load_cpu_s is None:
