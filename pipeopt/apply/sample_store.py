@@ -170,7 +170,9 @@ class SampleStore:
         self._pid: int | None = None
         self._files: _Files | None = None
         self._batches = _dataloader.BatchBuffers()  # the memory of the batches get_rows reads, used again
-        self._mapped_to = 0  # the data file's bytes up to here are mapped into this process (``map_in_stored``)
+        # The data file's bytes up to here are mapped into this process, or were stored before it opened the store
+        # (a kept store, reopened: ``map_in_stored`` maps what is stored from now on)
+        self._mapped_to = int.from_bytes(header_bytes[8 * _END:8 * _END + 8], "little", signed=True)
         alive = os.open(self.directory / "alive", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(alive, fcntl.LOCK_SH)  # held (until this process closes it), the store is in use
         self._alive: tuple[int, int] | None = (os.getpid(), alive)
@@ -249,12 +251,13 @@ class SampleStore:
         return items
 
     def map_in_stored(self) -> None:
-        """Map the records stored since the last call - by any process - into this process's page tables now
-        (``_Files.map_in``): the training process, which reads the store where it loads in the main process, calls
-        it while the store fills, so that its first epoch reading the records loader workers or ``apply.backfill``
-        stored takes no page fault on each of their pages (reading 600 MB a 4.8 MB batch at a time took 0.65 ms a
-        batch from pages not mapped, 0.18 ms once mapped; mapping them took 54 ms in all). Its own records are
-        mapped as it stores them (``put``)."""
+        """Map the records stored since the last call - by any process, since this one opened the store - into this
+        process's page tables now (``_Files.map_in``): the training process, which reads the store where it loads in
+        the main process, calls it while the store fills, so that its first epoch reading the records loader workers
+        or ``apply.backfill`` stored takes no page fault on each of their pages (reading 600 MB a 4.8 MB batch at a
+        time took 0.65 ms a batch from pages not mapped, 0.18 ms once mapped; mapping them took 54 ms in all). Its
+        own records are mapped as it stores them (``put``). Only for a store held in memory: on a disk store larger
+        than the memory, mapping in would read back from the disk what the page cache let go."""
         files = self._open()
         end = files.index[_END]  # (claimed: a record being written is mapped too - the same pages as the file's)
         if end > self._mapped_to:

@@ -84,7 +84,7 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
                             draws_all=per_epoch >= len(split))
 
     def warm() -> bool:  # not in the epoch that made the store (what it drew before the store may be made in it)
-        if switcher.cache is not None:  # (asked while the store fills: the records others stored, mapped in now)
+        if switcher.cache is not None and config.sample_cache_dir is None:  # (in memory: what others stored, mapped)
             switcher.cache.store.map_in_stored()
         return held_enough() and ahead.done() if trainer.current_epoch > made["epoch"] else ahead.early()
 

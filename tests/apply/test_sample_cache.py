@@ -243,6 +243,26 @@ def test_the_process_that_made_the_store_maps_in_what_it_stores_and_what_others_
     assert bytes(store.get(1)) == record  # the same bytes, read through the pages mapped in
 
 
+def _reopen_and_map_in(directory, mapped) -> None:
+    store = SampleStore(directory, 8, 16 << 20)  # a rerun's training process, on a kept store
+    store.map_in_stored()
+    mapped.value = _mapped_bytes(store.directory / "data")
+
+
+@pytest.mark.skipif(not _maps_in_ahead(), reason="needs Linux 5.14+ (madvise MADV_POPULATE_READ) and /proc/self/smaps")
+def test_a_reopened_store_maps_in_only_what_is_stored_after_it_was_opened(tmp_path):
+    """A store kept by an earlier run may be larger than the memory, on a disk: mapping in what it held already would
+    read it all back in the training process."""
+    store = SampleStore(tmp_path / "s", 8, 16 << 20)
+    assert store.put(0, encode(torch.zeros(300_000, dtype=torch.uint8)), time.thread_time_ns())
+    context = multiprocessing.get_context("fork")
+    mapped = context.Value("q", -1)
+    reader = context.Process(target=_reopen_and_map_in, args=(store.directory, mapped))
+    reader.start()
+    reader.join(60)
+    assert reader.exitcode == 0 and mapped.value == 0
+
+
 def test_a_reopened_store_keeps_its_items_and_a_kept_cache_survives_close(tmp_path):
     split = plan(Counted())
     cache = SampleCache(split, SampleStore(tmp_path / "s", 64, 1 << 20), keep=True)
