@@ -99,6 +99,15 @@ def controlled_wait(monkeypatch: Any, wait_frac: float) -> None:
     monkeypatch.setattr(noise, "window_supply_wait", lambda stats, in_place: wait_frac)
 
 
+def controlled_cpu_room(monkeypatch: Any, room: float) -> None:
+    """Fix the CPUs a cached trial finds idle for workers to load beside the step (the seam:
+    ``pipeopt.tuning.cache_session.cpu_room``), so that whether the workers are tried after the main process alone
+    does not depend on how busy the machine is; the fit and its report's windows stay as measured."""
+    from pipeopt.tuning import cache_session
+
+    monkeypatch.setattr(cache_session, "cpu_room", lambda figures, cpus: room)
+
+
 def synchronous_backfill(monkeypatch: Any) -> None:
     """Run the sample cache's backfill (``pipeopt.apply.backfill``) to its end where it starts, in worker processes as
     always: when the cache is tried then no longer depends on how long those workers take, so two fits meant to

@@ -18,6 +18,7 @@ from pipeopt.callbacks import cache_start
 from tests.helpers import (
     Regressor,
     SleepyDataset,
+    controlled_cpu_room,
     controlled_rates,
     controlled_wait,
     quiet_pipeopt,
@@ -402,6 +403,7 @@ def test_after_a_tuning_cache_hit_the_epoch_is_counted_in_samples_and_the_missin
     controlled_rates(monkeypatch, lambda s: (300.0 if getattr(s, "cache", False) else 100.0)
                      * (2 if getattr(s, "num_workers", 0) else 1))
     controlled_wait(monkeypatch, 0.5)
+    controlled_cpu_room(monkeypatch, 1.0)
     data = SleepyDataset(n=128, delay_s=0.001)
 
     def run():
@@ -469,6 +471,7 @@ def test_a_cached_trial_starts_no_more_workers_than_the_rank_has_cpus(monkeypatc
     plain, _ = fit([], data, epochs=6, **loader)
     _cached_faster(monkeypatch)
     controlled_wait(monkeypatch, 0.5)  # the main process alone still waits: the workers' trial follows it
+    controlled_cpu_room(monkeypatch, 1.0)  # ... where the step leaves CPUs idle for them, however busy the machine
     monkeypatch.setattr(cache_start, "rank_cpus", lambda trainer, agree: 1)
     callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
     tuned, _ = fit([callback], data, epochs=6, **loader)
