@@ -284,10 +284,11 @@ def _rows_or_stacked(batch: Any, *, collate_fn_map: Any = None) -> Any:
     from torch.utils.data._utils.collate import collate_tensor_fn
 
     base = batch[0]._base
-    if (base is not None and base.is_contiguous() and base.shape[0] == len(batch)
-            and all(t._base is base and t.shape == base.shape[1:] and t.storage_offset() == base.storage_offset()
-                    + row * base.stride(0) for row, t in enumerate(batch))):
-        return base
+    if base is not None and base.is_contiguous() and base.shape[0] == len(batch):
+        shape, at, step = base.shape[1:], base.storage_offset(), base.stride(0)
+        if all(t._base is base and t.shape == shape and t.storage_offset() == at + row * step
+               for row, t in enumerate(batch)):
+            return base
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 

@@ -86,6 +86,7 @@ class _Files:
         self.index = memoryview(index_map).cast("q")
         self.data = memoryview(data_map)
         self._bytes: torch.Tensor | None = None  # the data file as a uint8 tensor (made on a first gather)
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the index and the data file as NumPy arrays
 
     @classmethod
     def open(cls, directory: Path) -> _Files:
@@ -105,7 +106,14 @@ class _Files:
         except (OSError, ValueError):  # a kernel without the advice
             pass
 
-    def gather(self, offsets: list[int], out: torch.Tensor) -> None:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The index as int64s and the data file as bytes, NumPy arrays over the maps (made on first use): a batch's
+        offsets and its records' frames are read a batch at a time, not record by record."""
+        if self._arrays is None:
+            self._arrays = (np.frombuffer(self.index, dtype=np.int64), np.frombuffer(self._data_map, dtype=np.uint8))
+        return self._arrays
+
+    def gather(self, offsets: Sequence[int] | np.ndarray, out: torch.Tensor) -> None:
         """Copy the bytes of each row of ``out`` (a contiguous tensor, a row per offset) from the data file, row
         ``r``'s from ``offsets[r]``: one ``torch.index_select`` over a view of the file whose row ``k`` is the bytes
         from offset ``k`` on (outside the GIL, on torch's threads: ~0.37 ms for 32 rows of 150 KB where copying row
@@ -119,10 +127,10 @@ class _Files:
                 warnings.simplefilter("ignore", UserWarning)
                 self._bytes = torch.frombuffer(self._data_map, dtype=torch.uint8)
         starts = self._bytes.as_strided((self._bytes.numel() - size + 1, size), (1, 1))
-        torch.index_select(starts, 0, torch.tensor(offsets, dtype=torch.int64), out=rows)
+        torch.index_select(starts, 0, torch.as_tensor(offsets, dtype=torch.int64), out=rows)
 
     def close(self) -> None:
-        self._bytes = None  # before the map closes: the tensor holds a view of it
+        self._bytes = self._arrays = None  # before the maps close: the tensor and the arrays hold views of them
         self.index.release()
         self.data.release()
         self._index_map.close()
@@ -213,41 +221,42 @@ class SampleStore:
         tensor per field of the batch (one gather a field), which ``_dataloader.collate_rows`` hands on whole instead
         of stacking: one copy of each sample's bytes in all, none of them through buffers of their own, into memory
         used for batches before where it is free (``_dataloader.BatchBuffers``: fresh memory faults on each page).
-        None when one of the positions is not stored, or the items are not alike (a field that is not a plain
-        tensor, or whose dtype or shape differs between them): the caller reads them one by one."""
+        The records' offsets and frames are read for the whole batch at once; a record that is its tensor alone
+        (a cached image) is not unpickled again when its pickle is the first one's: the item is its row. None when
+        one of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
+        dtype or shape differs between them): the caller reads them one by one."""
         if not positions:
             return []
         files = self._open()
-        index, data = files.index, files.data
-        records = []  # (offset, buffers, pickle length) of each position's record
-        for position in positions:
-            slot = _HEADER + 2 * position
-            if not index[slot + 1]:
-                return None
-            records.append((index[slot], *_FRAME.unpack_from(data, index[slot])))
-        first, count, first_length = records[0]
-        layout = struct.Struct(f"<{count}Q")
-        sizes, head = layout.unpack_from(data, first + _FRAME.size), _FRAME.size + 8 * count
-        kinds = _fields(data[first + head:first + head + first_length], count)
+        index, data = files.arrays()
+        slots = _HEADER + 2 * np.asarray(positions, dtype=np.int64)
+        if not index[slots + 1].all():  # (the length first: it is published after the offset)
+            return None
+        offsets = index[slots]
+        first = int(offsets[0])
+        count, length = _FRAME.unpack_from(files.data, first)
+        head = _FRAME.size + 8 * count
+        frames = data[offsets[:, None] + np.arange(head)]  # each record's frame and buffer sizes, a row each
+        if (frames[:, :4] != frames[0, :4]).any() or (frames[:, 8:] != frames[0, 8:]).any():
+            return None  # not alike the first: another count of buffers, or one of another size
+        lengths = np.ascontiguousarray(frames[:, 4:8]).view("<u4").ravel().astype(np.int64)  # each pickle's
+        sizes = struct.unpack_from(f"<{count}Q", files.data, first + _FRAME.size)
+        pickled = bytes(files.data[first + head:first + head + length])
+        kinds = _fields(pickled, count)
         if kinds is None:
             return None
-        batch = [self._batches.tensor(len(records), dtype, shape) for dtype, shape in kinds]
-        views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(records)  # each row's fields
-        starts_after: dict[int, list[int]] = {}  # where the buffers start, by the length of the pickle before them
-        at: list[list[int]] = [[] for _ in batch]  # where each field's bytes are in the data file, row after row
-        items = []
-        for row, (offset, buffers, length) in enumerate(records):
-            if buffers != count or layout.unpack_from(data, offset + _FRAME.size) != sizes:
-                return None
-            starts = starts_after.get(length) or starts_after.setdefault(length, _buffer_starts(head + length, sizes))
-            for field, start in zip(at, starts):
-                field.append(offset + start)
-            try:  # each tensor the pickle makes is its row of the batch (``_tensor``), its bytes read in below
-                items.append(pickle.loads(data[offset + head:offset + head + length], buffers=views[row]))
-            except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
-                return None
-        for tensor, offsets in zip(batch, at):
-            files.gather(offsets, tensor)
+        batch = [self._batches.tensor(len(positions), dtype, shape) for dtype, shape in kinds]
+        views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(positions)  # each row's fields
+        try:  # each tensor a pickle makes is its row of the batch (``_tensor``), its bytes read in below
+            items = [pickle.loads(pickled, buffers=views[0])]
+            bare = count == 1 and items[0] is views[0][0]  # the record is its tensor alone (a cached image, say)
+            for view, at, size in zip(views[1:], (offsets[1:] + head).tolist(), lengths[1:].tolist()):
+                payload = bytes(files.data[at:at + size])
+                items.append(view[0] if bare and payload == pickled else pickle.loads(payload, buffers=view))
+        except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
+            return None
+        for tensor, starts in zip(batch, _buffer_starts(head + lengths, sizes)):
+            files.gather(offsets + starts, tensor)
         return items
 
     def map_in_stored(self) -> None:
@@ -469,13 +478,14 @@ _FRAME = struct.Struct("<II")
 _ALIGN = 64
 
 
-def _buffer_starts(at: int, sizes: tuple[int, ...]) -> list[int]:
-    """Where each out-of-band buffer of a record starts, from the end of its pickle (``at``)."""
+def _buffer_starts(at: Any, sizes: Sequence[int]) -> list[Any]:
+    """Where each out-of-band buffer of a record starts, from the end of its pickle (``at``: an int, or an array of
+    them - one per record of a batch)."""
     starts = []
     for size in sizes:
-        at += -at % _ALIGN
+        at = at + -at % _ALIGN
         starts.append(at)
-        at += size
+        at = at + size
     return starts
 
 

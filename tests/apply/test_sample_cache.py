@@ -417,26 +417,40 @@ def test_whole_items_read_a_batch_at_a_time_collate_to_the_same_batches_bit_for_
 
 
 class Fields(Counted):
-    """Whole items of several tensor fields: dtypes of 1, 2 and 8 bytes, odd lengths, a 0-d and an empty tensor."""
+    """Whole items of several tensor fields (dtypes of 1, 2 and 8 bytes, odd lengths, a 0-d and an empty tensor) and
+    a name of 0 to 199 characters: records whose tensors' bytes start at different offsets within them."""
 
     def __getitem__(self, i: int):
         g = torch.Generator().manual_seed(i)
         return (torch.randn(2, 3, generator=g, dtype=torch.float64), torch.randint(0, 255, (5,), generator=g,
-                dtype=torch.uint8), torch.tensor(i * 7), torch.empty(0, 4), torch.randn(3, generator=g).half(), i)
+                dtype=torch.uint8), torch.tensor(i * 7), torch.empty(0, 4), torch.randn(3, generator=g).half(), i,
+                "n" * (i * 37 % 200))
 
 
-def test_every_field_of_a_batch_read_at_a_time_is_read_from_its_own_items_bytes(tmp_path):
+class Image(Counted):
+    """Whole items that are a tensor alone (an image cached as the model sees it)."""
+
+    def __getitem__(self, i: int):
+        return torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(i))
+
+
+@pytest.mark.parametrize("dataset", [Fields(300), Image(300)], ids=["fields", "tensor alone"])
+def test_every_field_of_a_batch_read_at_a_time_is_read_from_its_own_items_bytes(tmp_path, dataset):
     """Each field of a batch is gathered from the store at once, its rows from wherever each item's record has them
-    (records of any length, so at any offset): every field, of any dtype and size, equals torch's stack of the
-    user's items, whichever positions a batch draws, in any order."""
-    dataset = Fields(48)
+    (records of any length, so at any offset, and at different offsets within records): every field, of any dtype
+    and size, equals torch's stack of the user's items, whichever positions a batch draws, in any order - an item
+    that is a tensor alone too."""
     cache = _filled(tmp_path, dataset)
     reader = cache.dataset(read=True, rows=True)
-    for positions in ([0, 1, 2], [47, 3, 30, 11, 3], [5]):
+    for positions in ([0, 1, 2], [47, 3, 30, 11, 3], [5], [255, 256, 0, 299, 256, 1]):
         items = reader.__getitems__(positions)
         assert cache.store.get_rows(positions) is not None  # read a batch at a time, not item by item
-        for got, want in zip(_dataloader.collate_rows(items), default_collate([dataset[i] for i in positions])):
-            assert torch.equal(got, want) and got.dtype == want.dtype and got.shape == want.shape
+        wanted = default_collate([dataset[i] for i in positions])
+        for got, want in zip(*(b if isinstance(b, list) else [b] for b in (_dataloader.collate_rows(items), wanted))):
+            if isinstance(want, torch.Tensor):
+                assert torch.equal(got, want) and got.dtype == want.dtype and got.shape == want.shape
+            else:  # the names
+                assert got == want
     cache.close()
 
 
