@@ -3,13 +3,14 @@ measuring around it.
 
     python -m benchmarks.store_read [--rounds 6] [--items 4096]
 
-The validation chain's cached items (3 x 112 x 112 float32, a label), the small CNN and SGD step of
+The validation chain's cached items (3 x 112 x 112 float32 images, a label each), the small CNN and SGD step of
 ``benchmarks.sample_cache``, 32 a batch, in a plain training loop. Each round runs one epoch of each arm, in turn:
 - **resident**: the epoch's batches made beforehand and kept in memory (the ceiling: no loader at all);
 - **items**: a DataLoader (``num_workers=0``, shuffled) over the items kept in memory, collated by torch's default
   collate - what any store of whole items read through a DataLoader can at best do;
-- **store**: the same DataLoader reading the items from a ``SampleStore`` the way pipeopt's kept cache does
-  (``CachedDataset`` reading a batch's rows straight into its tensors, ``collate_rows``, batch memory used again);
+- **store**: the same DataLoader reading the items from a ``SampleStore`` the way pipeopt's kept cache of the
+  validation chain does (the image alone stored, its label joined after the read - ``FolderSplit``; ``CachedDataset``
+  reading a batch's rows straight into its tensors, ``collate_rows``, batch memory used again);
 - **store, read ahead**: that loader run one batch ahead on a thread of the training process.
 It also times the loaders alone (no step): milliseconds a batch. Ratios are within a round, every round kept.
 Writes ``benchmarks/results/store_read.json`` and a copy in ``results/history/``.
@@ -34,7 +35,7 @@ from benchmarks.harness import median
 from benchmarks.run import RESULTS, keep_in_history, machine
 from benchmarks.scenarios.workloads import small_cnn
 from pipeopt import _dataloader
-from pipeopt.apply.sample_cache import CachedDataset, WholeSplit
+from pipeopt.apply.sample_cache import CachedDataset, FolderSplit
 from pipeopt.apply.sample_store import SampleStore, encode
 from pipeopt.callbacks.cache_start import SHARED_MEMORY
 
@@ -51,6 +52,23 @@ class Items(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         return self.items[i]
+
+
+class Folder:
+    """``Items`` as the validation chain's ImageFolder is cached (``FolderSplit``): each image alone in the store, its
+    label joined after the read."""
+
+    target_transform = None
+
+    def __init__(self, items: Items) -> None:
+        self.images = [image for image, _ in items.items]
+        self.samples = [(i, label) for i, (_, label) in enumerate(items.items)]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def loader(self, i: int) -> torch.Tensor:
+        return self.images[i]
 
 
 def read_ahead(batches: Iterable[Any], depth: int = 2) -> Iterator[Any]:
@@ -99,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     items = Items(args.items)
     root = SHARED_MEMORY if SHARED_MEMORY.is_dir() else None
+    split = FolderSplit(Folder(items), None, [], [])
     store = SampleStore(tempfile.mkdtemp(prefix="pipeopt-store-read-", dir=root), len(items), 4 * 2**30)
     try:
         for i in range(len(items)):
-            store.put(i, encode(items[i]), time.thread_time_ns())
-        cached = CachedDataset(WholeSplit(items), store, read=True, rows=True)
+            store.put(i, encode(split.make(i)), time.thread_time_ns())
+        cached = CachedDataset(split, store, read=True, rows=True)
         loaders = {
             "items": DataLoader(items, batch_size=BATCH, shuffle=True, drop_last=True),
             "store": DataLoader(cached, batch_size=BATCH, shuffle=True, drop_last=True,
