@@ -284,7 +284,7 @@ def _rows_or_stacked(batch: Any, *, collate_fn_map: Any = None) -> Any:
     from torch.utils.data._utils.collate import collate_tensor_fn
 
     base = batch[0]._base
-    if base is not None and base.is_contiguous() and base.shape[0] == len(batch):
+    if base is not None and base.is_contiguous() and base.shape[:1] == (len(batch),):  # (a 0-d base: a view's)
         shape, at, step = base.shape[1:], base.storage_offset(), base.stride(0)
         if all(t._base is base and t.shape == shape and t.storage_offset() == at + row * step
                for row, t in enumerate(batch)):

@@ -138,3 +138,13 @@ def test_a_batchs_memory_is_used_again_only_once_nothing_refers_to_it(hold, read
     elsewhere = [torch.empty(4, 8) for _ in range(4)]  # memory freed meanwhile goes to these
     assert buffers.tensor(4, torch.float32, (8,)).data_ptr() == memory  # kept, and nothing refers to it any more
     assert all(t.data_ptr() != memory for t in elsewhere)
+
+
+def test_the_row_collate_stacks_items_it_did_not_read_as_torch_does_views_of_0_d_tensors_too():
+    """Items a reading loader made itself (a miss) reach ``collate_rows`` as the user's dataset made them: a view of
+    a 0-d tensor (``(x @ w).unsqueeze(0)``) has a base with no rows, and is stacked as torch's collate does."""
+    items = [(torch.full((3,), float(i)), (torch.arange(3.0) @ torch.full((3,), float(i))).unsqueeze(0))
+             for i in range(4)]
+    assert items[0][1]._base is not None and items[0][1]._base.dim() == 0
+    for got, want in zip(_dataloader.collate_rows(items), torch.utils.data.default_collate(items)):
+        assert torch.equal(got, want) and got.shape == want.shape
