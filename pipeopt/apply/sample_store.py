@@ -282,7 +282,7 @@ class SampleStore:
 
     def missing(self) -> list[int]:
         """The positions not stored (yet, or ever: the budget may be spent)."""
-        lengths = np.frombuffer(self._open().index, dtype=np.int64)[_HEADER + 1::2]
+        lengths = self._open().arrays()[0][_HEADER + 1::2]
         return [int(p) for p in np.flatnonzero(lengths == 0)]
 
     def put(self, position: int, value: bytes, started_ns: int) -> bool:
