@@ -157,6 +157,7 @@ def test_the_worker_search_ends_early_only_for_a_store_of_whole_items(images, mo
     so the worker search (DALI included) goes on."""
     controlled_rates(monkeypatch, lambda s: 100.0 * (1 + min(getattr(s, "num_workers", 0), 2))
                      * (3 if getattr(s, "cache", False) else 1))
+    controlled_wait(monkeypatch, 0.5)  # input-bound however busy the machine is (not a compute-bound verdict)
     flip = [T.RandomHorizontalFlip()] if random_suffix else []
     dataset = torchvision.datasets.ImageFolder(images, transform=T.Compose([T.Resize(20), T.CenterCrop(16), *flip,
                                                                             T.ToTensor()]))
