@@ -1,8 +1,8 @@
 """Every torch DataLoader internal pipeopt relies on that is not a public API, in one module (tested with torch 2.13
-and 2.14): how a running iterator hands over its remaining indices (and whether their order is decided already),
-stops, counts its ready batches, how its workers' deaths reach pipeopt instead of the main thread, how its default
-collate makes a batch, and when a batch's memory is free to be used again. A torch upgrade that renames one breaks
-this file only.
+and 2.14): how a running iterator hands over its remaining indices (and whether their order is decided already, and
+which it dispatched and did not deliver), stops, counts its ready batches, how its workers' deaths reach pipeopt
+instead of the main thread, how its default collate makes a batch, and when a batch's memory is free to be used
+again. A torch upgrade that renames one breaks this file only.
 """
 
 from __future__ import annotations
@@ -87,6 +87,41 @@ def shutdown_iterator(iterator: Any) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+
+
+def undelivered(iterator: Any) -> list[Any] | None:
+    """The (batches of) indices a running DataLoader iterator dispatched in its epoch and has not delivered yet, in
+    order, where its (batch) sampler remembers them (pipeopt's ``ResumingSampler.undelivered``); None otherwise."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    remembered = getattr(getattr(iterator, "_index_sampler", None), "undelivered", None)
+    if not isinstance(iterator, _BaseDataLoaderIter) or not callable(remembered):
+        return None
+    return remembered(iterator._num_yielded)
+
+
+def stoppable(iterator: Any) -> bool:
+    """A torch DataLoader iterator, in the main process or with workers (``stop_workers`` applies)."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return isinstance(iterator, _BaseDataLoaderIter)
+
+
+def stop_workers(iterator: Any) -> None:
+    """Tell a DataLoader iterator's workers to end, without waiting for them, as torch's shutdown does: each skips
+    the tasks still queued for it, finishes the one in hand (no user code is cut short) and exits. What it
+    dispatched and did not deliver is never delivered. ``shutdown_iterator``, later, finds them gone."""
+    workers = getattr(iterator, "_workers", None)
+    if not workers or getattr(iterator, "_shutdown", True):
+        return
+    detach_worker_watch(iterator)  # their exit is not a death to report
+    pin_done = getattr(iterator, "_pin_memory_thread_done_event", None)
+    if pin_done is not None:
+        pin_done.set()
+    iterator._workers_done_event.set()
+    for worker_id, active in enumerate(iterator._workers_status):
+        if active or iterator._persistent_workers:
+            iterator._mark_worker_as_unavailable(worker_id, shutdown=True)  # the end-of-work signal, None
 
 
 def kill_workers(iterator: Any) -> None:

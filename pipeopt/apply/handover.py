@@ -20,6 +20,7 @@ class _Source:
     iterator: Iterator[Any]
     loader: Any  # the DataLoader it came from
     tracked: bool  # its batches were dispatched from the shared IndexStream (so it is pipeopt's)
+    counted: bool  # its undelivered batches are in the stream's in-flight ones (``delivered`` as it delivers)
 
 
 class Handover(Iterator[Any]):
@@ -30,24 +31,43 @@ class Handover(Iterator[Any]):
     died, hung past the timeout, ran out of shared memory; a ``LoaderFailure``, such as a DALI pipeline's), its
     undelivered batches go back into the stream and ``fallback(error)`` supplies a loader iterator that continues
     with them: no batch is lost or repeated. Anything else - an exception from the user's dataset included -
-    propagates unchanged.
+    propagates unchanged. ``first_counted``: the stream's in-flight batches begin with those ``first`` dispatched
+    and did not deliver yet (``take_back`` may hand them on).
     """
 
     def __init__(self, stream: IndexStream, first: Iterator[Any], first_loader: Any,
-                 fallback: Callable[[BaseException], tuple[Iterator[Any], Any]]) -> None:
+                 fallback: Callable[[BaseException], tuple[Iterator[Any], Any]], *,
+                 first_counted: bool = False) -> None:
         self.stream = stream
         self._fallback = fallback
-        self._sources: collections.deque[_Source] = collections.deque([_Source(first, first_loader, tracked=False)])
+        self._sources = collections.deque([_Source(first, first_loader, tracked=False, counted=first_counted)])
+        self._stopping: list[_Source] = []  # taken back from: their workers end on their own, joined at close
 
     def add(self, iterator: Iterator[Any], loader: Any) -> None:
         """Continue with ``iterator`` (fed from ``self.stream``) once the current sources are drained."""
         self._cut_tail()
-        self._sources.append(_Source(iterator, loader, tracked=True))
+        self._sources.append(_Source(iterator, loader, tracked=True, counted=True))
+
+    def take_back(self) -> bool:
+        """Before ``add``: the batches the sources dispatched and did not deliver go back in front of the stream, to
+        be made by the loader added next - where every source is a DataLoader iterator whose undelivered batches
+        the stream knows (otherwise nothing changes: False). Their workers are told to end, without waiting for
+        the one batch each has in hand; what they finish is dropped. The training loop then waits for the new
+        loader, not for the old one's batches at its pace (a switch to a warm sample store: hundreds of batches
+        of slow storage in flight)."""
+        if not all(s.counted and _dataloader.stoppable(s.iterator) for s in self._sources):
+            return False
+        self._cut_tail()
+        while self._sources:
+            source = self._sources.popleft()
+            _dataloader.stop_workers(source.iterator)
+            self._stopping.append(source)
+        self.stream.recover()
+        return True
 
     def _cut_tail(self) -> None:
-        tail = self._sources[-1]
-        if tail.tracked:
-            _dataloader.take_index_stream(tail.iterator)
+        if self._sources and self._sources[-1].tracked:
+            _dataloader.take_index_stream(self._sources[-1].iterator)
 
     @property
     def current(self) -> tuple[Iterator[Any], Any]:
@@ -79,7 +99,7 @@ class Handover(Iterator[Any]):
                     raise
                 self._recover(err)
                 continue
-            if source.tracked:
+            if source.counted:
                 self.stream.delivered()
             return batch
         raise StopIteration
@@ -92,7 +112,7 @@ class Handover(Iterator[Any]):
             self._release(source)
         self.stream.recover()
         iterator, loader = self._fallback(err)
-        self._sources.append(_Source(iterator, loader, tracked=True))
+        self._sources.append(_Source(iterator, loader, tracked=True, counted=True))
 
     @staticmethod
     def _release(source: _Source) -> None:
@@ -101,6 +121,8 @@ class Handover(Iterator[Any]):
 
     def close(self, keep: Any = None) -> None:
         """Shut down every source's workers, except the iterator ``keep`` (still in use by the next epoch)."""
+        self._sources.extend(self._stopping)
+        self._stopping.clear()
         while self._sources:
             source = self._sources.popleft()
             if source.iterator is not keep:

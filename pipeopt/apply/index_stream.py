@@ -22,12 +22,13 @@ class IndexStream(Iterator[Any]):
     decided once its first index is drawn (``_dataloader.order_fixed``) - from then on ``ahead()`` reads the rest,
     and knows what is still to come."""
 
-    def __init__(self, source: Iterable[Any], *, read_ahead: bool = False) -> None:
+    def __init__(self, source: Iterable[Any], *, read_ahead: bool = False, in_flight: Iterable[Any] = ()) -> None:
         self._source: Iterator[Any] = iter(source)
         self._read_ahead = read_ahead
         self._rest: collections.deque[Any] | None = None  # the source, read ahead
         self._returned: collections.deque[Any] = collections.deque()
-        self._in_flight: collections.deque[Any] = collections.deque()
+        # dispatched, not yet delivered: ``in_flight``, those the loader it was taken from dispatched before
+        self._in_flight: collections.deque[Any] = collections.deque(in_flight)
         self.epoch_over = False  # its epoch ended: a loader that never started on it begins with its own epoch
 
     def __iter__(self) -> IndexStream:
@@ -78,12 +79,26 @@ class ResumingSampler:
 
     ``before_epoch`` runs at the start of every later epoch: it makes the random draw the user's own loader
     would have made when creating its iterator, so the user's RNG stream is the same as without pipeopt.
+    It remembers the last ``remember`` (batches of) indices it gave in the running epoch (the most its loader may
+    hold undelivered), so that what its loader dispatched and did not deliver can be handed to another
+    (``undelivered``).
     """
 
-    def __init__(self, inner: Any, first: Iterator[Any] | None, before_epoch: Callable[[], None] | None) -> None:
+    def __init__(self, inner: Any, first: Iterator[Any] | None, before_epoch: Callable[[], None] | None,
+                 *, remember: int = 0) -> None:
         self.inner = inner
         self._first = first
         self._before_epoch = before_epoch
+        self._given: collections.deque[Any] = collections.deque(maxlen=remember)
+        self._count = 0  # given in the running epoch
+
+    def undelivered(self, delivered: int) -> list[Any] | None:
+        """What it gave in the running epoch after the first ``delivered``, in order; None when it does not remember
+        them all."""
+        left = self._count - delivered
+        if left < 0 or left > len(self._given) or (left and not self._given.maxlen):
+            return None
+        return list(self._given)[len(self._given) - left:]
 
     @property
     def sampler(self) -> Any:
@@ -104,6 +119,14 @@ class ResumingSampler:
         return self._epoch()
 
     def _epoch(self) -> Iterator[Any]:
+        self._given.clear()
+        self._count = 0
+        for item in self._indices():
+            self._given.append(item)
+            self._count += 1
+            yield item
+
+    def _indices(self) -> Iterator[Any]:
         first, self._first = self._first, None
         # A loader switched in at an epoch's last step is first asked for indices in the next epoch: that epoch
         # is its own, not the (empty) rest of the one that ended

@@ -106,10 +106,12 @@ def build_loader(
     """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs; reading ``dataset``
     (the user's, wrapped by the sample cache) instead of the user's when given - with ``collate_rows`` for torch's
     default collate where that dataset reads batches straight into their rows."""
+    remember = settings.in_flight  # what the loader may hold undelivered: a switch may take it back
     if user.batch_sampler is not None:
-        drawn: dict[str, Any] = {"batch_sampler": ResumingSampler(user.batch_sampler, first, before_epoch)}
+        drawn: dict[str, Any] = {"batch_sampler": ResumingSampler(user.batch_sampler, first, before_epoch,
+                                                                  remember=remember)}
     else:  # no automatic batching: the sampler yields single indices
-        drawn = {"sampler": ResumingSampler(user.sampler, first, before_epoch), "batch_size": None}
+        drawn = {"sampler": ResumingSampler(user.sampler, first, before_epoch, remember=remember), "batch_size": None}
     return loader_like(
         user,
         num_workers=settings.num_workers,
@@ -226,8 +228,11 @@ class LoaderSwitcher:
             self.handover.close(keep=live[0])
         fixed = _dataloader.order_fixed(live[0])
         self._fixed_epoch = live[0] if fixed else None
-        stream = IndexStream(_dataloader.take_index_stream(live[0]), read_ahead=fixed)  # read ahead when asked
-        self.handover = Handover(stream, live[0], self._installed(), self._on_failure)
+        undelivered = _dataloader.undelivered(live[0])  # known for a loader of pipeopt's
+        stream = IndexStream(_dataloader.take_index_stream(live[0]), read_ahead=fixed,  # read ahead when asked
+                             in_flight=undelivered or ())
+        self.handover = Handover(stream, live[0], self._installed(), self._on_failure,
+                                 first_counted=undelivered is not None)
         live[0] = self.handover
         return self.handover
 
@@ -262,13 +267,17 @@ class LoaderSwitcher:
         failure, self.failed = self.failed, None
         return failure
 
-    def switch(self, settings: LoaderSettings, *, timeout_s: float | None = None) -> None:
-        """Continue the running epoch with ``settings`` (and use them for later epochs)."""
+    def switch(self, settings: LoaderSettings, *, timeout_s: float | None = None, take_back: bool = False) -> None:
+        """Continue the running epoch with ``settings`` (and use them for later epochs). ``take_back``: the new
+        loader makes the batches the loaders in place dispatched and did not deliver, where it can
+        (``Handover.take_back``) - for a switch to a much faster loader, such as one reading a warm sample store."""
         hook, self.before_first_switch = self.before_first_switch, None
         if hook is not None:
             hook()
         handover = self._live_handover()
         self.fallback = self.current  # known to work: the run is using it
+        if take_back:
+            handover.take_back()  # before the new loader starts: it dispatches them first
         iterator, loader = self._start(settings, handover.stream, timeout_s)
         handover.add(iterator, loader)
         self._combined.flattened = [loader]

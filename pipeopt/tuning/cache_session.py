@@ -36,6 +36,9 @@ whose start finds what the store misses being made ahead, past the epoch that ma
    idle than its loading kept busy (``cpu_room``: workers could only take CPU time from the step). Last, the
    cached setting that would be chosen, where it has workers, once more at the usual priority (kept at a tie:
    nothing changes that need not).
+   A switch to a cached setting (a trial, the choice) takes back what the loader in place dispatched and did not
+   deliver (``Handover.take_back``): the new loader makes it from the store, instead of the old one at its pace
+   (slow storage: hundreds of batches in flight).
    Each cached trial's window is measured in parts (``TRIAL_PARTS``), the first as short as a window may be; a
    trial whose parts so far are slower beyond noise than ``before`` or another cached trial stops there: it could
    not be chosen, and on a window sized at the pace of the trial before it (``TrialWindows``), a slow trial's
@@ -284,7 +287,7 @@ class CacheSession:
             return self._finish(f"reading from it was not faster beyond noise than {self.baseline.describe()}")
         self.chosen = cheapest_unbeaten(ok, self._floor)
         self._say(f"chose {self.chosen.settings.describe()}; measuring it against the window before")
-        skip = self._switch(self.chosen.settings)
+        skip = self._switch(self.chosen.settings, take_back=True)
         self._after_windows = AfterWindows(self._windows, self._applied, skip, before, self._floor)
         self._switcher.settle()
         self.state = CachePhase.AFTER
@@ -322,18 +325,18 @@ class CacheSession:
         self.state = CachePhase.DONE
 
     def _try(self, settings: LoaderSettings) -> None:
-        self._trial = PartedTrial(self._windows, settings, self._switch(settings))
+        self._trial = PartedTrial(self._windows, settings, self._switch(settings, take_back=True))
         self.state = CachePhase.TRIAL
 
     def _apply(self, settings: LoaderSettings, label: str) -> None:
         self._windows.measure(label, self._switch(settings), settings)
 
-    def _switch(self, settings: LoaderSettings) -> int:
+    def _switch(self, settings: LoaderSettings, *, take_back: bool = False) -> int:
         """``settings`` in place (a switch where others were): the steps to skip, both loaders' in-flight batches."""
         previous, self._applied = self._applied, settings
         if previous == settings:
             return 0
-        self._switcher.switch(settings)
+        self._switcher.switch(settings, take_back=take_back)
         return previous.in_flight + settings.in_flight
 
     # -- resume and the end ------------------------------------------------------------------------------------

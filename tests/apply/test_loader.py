@@ -246,3 +246,56 @@ def test_workers_that_give_way_run_below_the_training_process_after_the_users_in
     assert os.getpriority(os.PRIO_PROCESS, 0) == here  # the training process keeps its own
     assert "workers giving way" in LoaderSettings(2, 2, False, False, give_way=True).describe()
     assert not LoaderSettings(2, 2, False, False, give_way=True).with_workers(0, persistent=False).give_way
+
+
+class _Epochs:
+    """What ``LoaderSwitcher`` reads of a trainer: the fit's combined loader (``flattened``) and the running epoch's
+    iterators - a new epoch starts an iterator of the loader installed, as Lightning's fetcher does."""
+
+    def __init__(self, loader):
+        self.flattened = [loader]
+        self._iterator = None
+
+    def epoch(self):
+        self._iterator = type("Running", (), {"iterators": [iter(self.flattened[0])]})()
+        return self._iterator.iterators
+
+
+@pytest.mark.parametrize("where", ["mid-epoch", "an epoch's first loader", "the user's loader"])
+def test_a_switch_that_takes_back_makes_the_old_loaders_undelivered_batches_in_the_new_one(where):
+    """``switch(take_back=True)``: the batches the loaders in place dispatched and did not deliver are made by the
+    new loader - none more comes from the old one, whose workers end on their own (exit code 0: no user code is cut
+    short) - and the epoch keeps every sample once, in order. The user's own loader, whose undelivered batches
+    pipeopt does not know, is drained as before."""
+    from pipeopt.apply.loader import LoaderSwitcher
+
+    users = 2 if where == "the user's loader" else 0  # (its workers hold batches in flight too)
+    expected = reference_epochs(users, epochs=2)
+    combined = _Epochs(user_loader(users))
+    switcher = LoaderSwitcher(type("Trainer", (), {"fit_loop": type("Fit", (), {"_combined_loader": combined})})())
+    live = combined.epoch()
+    seen = [flat(itertools.islice(live[0], 3))]
+    if where != "the user's loader":
+        switcher.switch(TWO)  # pipeopt's loader, persistent workers: 2 x 2 batches in flight once it delivers
+        seen.append(flat(itertools.islice(live[0], 2)))
+    if where == "an epoch's first loader":
+        seen.append(flat(live[0]))
+        switcher.settle()
+        switcher.end_of_epoch()
+        live = combined.epoch()  # its workers, reused: 2 x 2 batches dispatched at once
+        seen.append(flat(itertools.islice(live[0], 1)))
+    old = switcher.handover.current[0] if switcher.handover else live[0]
+    delivered = old._num_yielded
+    switcher.switch(FOUR, take_back=True)
+    seen.append(flat(live[0]))
+    later = old._num_yielded - delivered  # delivered by the old loader after the switch
+    assert [i for part in seen for i in part] == expected[0] + (expected[1] if where == "an epoch's first loader"
+                                                                else [])
+    switcher.end_of_epoch()
+    switcher.close()
+    if where == "the user's loader":
+        assert later == 2 * 2  # drained: all it held
+    else:
+        assert later == 0
+        assert [w.exitcode for w in old._workers] == [0, 0]
+    assert psutil.Process().children() == []

@@ -88,6 +88,8 @@ def test_the_cache_is_tried_once_the_store_is_warm_and_kept_with_fewer_workers()
     cache_change = session.outcome.changes[0]
     assert cache_change.predicted_speedup == 2.5 and cache_change.measured_speedup == 2.5
     assert best_speedup(session.trials, session.before) == 2.5
+    # every switch to a warm store takes back what the loader in place had not delivered (``Handover.take_back``)
+    assert switcher.taken_back == switcher.switches and all(s.cache for s in switcher.switches)
 
 
 def test_the_window_in_which_the_store_turns_warm_is_the_window_before():
@@ -140,6 +142,7 @@ def test_a_cache_that_is_not_faster_is_not_kept_and_the_settings_in_place_return
     assert [(s.num_workers, s.cache, s.give_way) for s in switcher.switches] == [
         (8, True, True), (0, True, False), (8, False, False)]
     assert switcher.current == EIGHT
+    assert switcher.taken_back == switcher.switches[:2]  # back to the slower loader: what the store's gave is kept
     assert any("not faster beyond noise" in n for n in session.outcome.notes)
 
 

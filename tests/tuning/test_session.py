@@ -17,11 +17,14 @@ class FakeSwitcher:
         self.user_settings = self.current = self.fallback = USER
         self.failed = None
         self.switches = []
+        self.taken_back = []  # the settings switched to with take_back
         self.restored = False
 
-    def switch(self, settings, *, timeout_s=None):
+    def switch(self, settings, *, timeout_s=None, take_back=False):
         self.fallback, self.current = self.current, settings
         self.switches.append(settings)
+        if take_back:
+            self.taken_back.append(settings)
 
     def settle(self):
         pass
