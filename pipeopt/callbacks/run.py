@@ -126,6 +126,8 @@ class TuningRun:
     def epoch_ended(self, epoch: int) -> None:
         if self.switcher is not None:
             self._ledger.epoch_ended(epoch, self.switcher.cache, self.switcher.current.cache)
+            if self.sample_cache is not None:  # (a switch now: the next epoch's loader, from its first batch)
+                self.sample_cache.epoch_ended()
             self.switcher.end_of_epoch()
 
     def batch_ended(self, trainer: Any, outputs: Any) -> None:
@@ -263,14 +265,12 @@ class TuningRun:
         for group in (self.precision, self.batch):
             if group is not None:
                 tuned.update(group.state_dict())
-        cache = self.sample_cache
-        if cache is not None and cache.state == "done":
+        if (cache := self.sample_cache) is not None and cache.state == "done":
             tuned["cache"] = cache.kept.as_kwargs() if cache.kept else None
         return tuned
 
     def close(self, trainer: Any, *, failed: bool) -> None:
-        """The fit is over: stop pipeopt's workers; after a failure, the trainer gets back the set-up it was
-        given."""
+        """The fit is over: stop pipeopt's workers; after a failure, the trainer gets back its own set-up."""
         if failed and self._user_setup is not None:
             _lightning.restore_train_setup(trainer, self._user_setup)
         if self.switcher is not None:

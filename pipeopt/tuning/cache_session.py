@@ -4,10 +4,11 @@ Every DataLoader pipeopt builds fills the store as a side effect of loading (``a
 groups are done, this session makes sure the loader in place is one of those (the same settings), then waits - on
 every rank - until the store holds the samples an epoch needs (``warm``: what it still misses made ahead, too; the
 windows measured beside that work on any rank are not ``quiet`` and are not pooled, so that every rank pools the
-same windows) - asked at each window's end and at the first step end of each epoch, so that an epoch whose start
-finds the store complete reads it from there on instead of finishing a window of the slow settings first (one
-whose start finds what the store misses being made ahead, past the epoch that made it, fills reading what it holds:
-``_Cold``). Then, on the live run:
+same windows) - asked at each window's end, at each epoch's end and at the first step end of each epoch, so that an
+epoch whose start finds the store complete reads it from its first batch on, instead of one batch of the loader in
+place (which may be one of slow storage) and a window of the slow settings (one whose start finds what the store
+misses being made ahead, past the epoch that made it, fills reading what it holds: ``_Cold``). Then, on the live
+run:
 
 1. a window of the settings in place (``before``), not reading from the store: the last windows measured of them -
    by the loader search, then while waiting (filling it) - pooled until they span a trial's length, so the warm
@@ -125,9 +126,8 @@ class CacheSession:
     def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
                  fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
                  say: Callable[[str], None] = lambda line: None, prepare: Callable[[], str | None] = lambda: None,
-                 alone_first: bool = False, quiet: Callable[[], bool] = lambda: True,
-                 to_warm: Callable[[], int] = lambda: 0,
-                 max_workers: int | None = None, making_ahead: Callable[[], bool] = lambda: False) -> None:
+                 alone_first: bool = False, to_warm: Callable[[], int] = lambda: 0, max_workers: int | None = None,
+                 quiet: Callable[[], bool] = lambda: True, making_ahead: Callable[[], bool] = lambda: False) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended, on this rank
         self._quiet, self._alone_first, self._max_workers = quiet, alone_first, max_workers
@@ -136,8 +136,7 @@ class CacheSession:
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._to_warm = agree, floor, say, to_warm  # (the steps left: windows')
         self.state, self.started, self._epoch_began = CachePhase.WAIT, False, False
-        self.baseline: LoaderSettings = switcher.current
-        self._cached_base = self._applied = switcher.current  # (what a cached trial changes: under DALI the filler)
+        self.baseline = self._cached_base = self._applied = switcher.current  # (cached: under DALI, the filler)
         self._pending: WindowStats | None = None
         self._trial: PartedTrial | None = None  # the trial in place
         self._window_before = WindowBefore()  # the windows of the settings in place, the window before's makings
@@ -152,9 +151,8 @@ class CacheSession:
     # -- the loop ---------------------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Check the dataset and make the store, once: at pipeopt's first loader switch, or when this begins."""
-        prepare, self._prepare = self._prepare, None
-        if prepare is not None:
-            self.refused = prepare()
+        if self._prepare is not None:
+            self.refused, self._prepare = self._prepare(), None
 
     def begin(self, data_wait_frac: float | None = None, filler: LoaderSettings | None = None,
               measured: Iterable[tuple[Rate, float, float]] = ()) -> None:
@@ -185,12 +183,23 @@ class CacheSession:
         self.epoch_started()
 
     def epoch_started(self) -> None:
-        """At an epoch's start (and the wait's): ``warm`` is asked now, so that what it waits for
-        (``apply.backfill``) starts at once - and at the epoch's first step end, where the trials begin (``_ready``)
-        if every rank's store may be read then, not after the window running across the epoch's start."""
+        """At an epoch's (and the wait's) start: ``warm`` now, starting what it waits for (``apply.backfill``)."""
         if self.started and self.state is CachePhase.WAIT:
             self._epoch_began = True
             self.warm()
+
+    def epoch_ended(self) -> None:
+        """At an epoch's end, before the next starts its loader (and an epoch's or the wait's first step end): where
+        every rank's store may be read, the trials begin - the next epoch's first batch read from the store, not
+        made by the loader in place; else, maybe, a filler reading what it holds (``_Cold``). Not at the fit's end."""
+        if not self.started or self.state is not CachePhase.WAIT or self._windows.steps_left() == 0:
+            return
+        now = agree(_Cold(not self.warm(), self._to_warm() > 0, self._making_ahead()), self._agree)
+        if not now.cold and self._room():
+            self._ready()
+        elif now.cold and now.ahead and not now.making and self._applied == self.baseline:  # (``_Cold``)
+            self._apply(dataclasses.replace(self.baseline, cache=True), "filling the sample cache")
+            self._switcher.settle()
 
     def on_window(self, stats: WindowStats) -> None:
         if self.started and self.state is not CachePhase.DONE:
@@ -200,13 +209,7 @@ class CacheSession:
         self._failure = self._switcher.take_failure() or self._failure
         began, self._epoch_began = self._epoch_began, False
         if began and self._pending is None and self.state is CachePhase.WAIT:
-            now = agree(_Cold(not self.warm(), self._to_warm() > 0, self._making_ahead()), self._agree)
-            if not now.cold and self._room():
-                self._ready()
-            elif now.cold and now.ahead and not now.making and self._applied == self.baseline:  # (``_Cold``)
-                self._apply(dataclasses.replace(self.baseline, cache=True), "filling the sample cache")
-                self._switcher.settle()
-            return
+            return self.epoch_ended()
         if self._pending is None or self.state is CachePhase.DONE:
             return
         stats, self._pending = self._pending, None
@@ -232,8 +235,7 @@ class CacheSession:
     def _ready(self) -> None:
         """The store may be read on every rank: the window before, from the windows waited, else measured now."""
         self.state = CachePhase.BEFORE
-        pooled = self._window_before.pooled(self._windows.min_window_s)
-        if pooled is not None:
+        if (pooled := self._window_before.pooled(self._windows.min_window_s)) is not None:
             self._on_before(*pooled)
         else:  # a window of its own (under DALI, filled by a DataLoader: DALI again)
             self._apply(self.baseline, "cache: before")
@@ -341,8 +343,7 @@ class CacheSession:
 
     # -- resume and the end ------------------------------------------------------------------------------------
     def restore(self, settings: LoaderSettings | None) -> None:
-        """Resume: the settings an earlier run of this fit kept (None: it did not keep the cache), without trials.
-        The store fills again in the first epoch (read-through: a miss makes the sample as before)."""
+        """Resume: the settings an earlier run kept (None: not the cache), without trials; the store fills again."""
         self.started, self.state = True, CachePhase.DONE
         if settings is None or not settings.cache:
             self.outcome.notes.append("resumed from a checkpoint whose tuning did not keep the sample cache")
@@ -359,8 +360,8 @@ class CacheSession:
         """The outcome, saying so when the fit ended while the cache was still being measured."""
         if not self.measuring:
             return self.outcome
-        why = ended_early(self.state, self.chosen, self._applied)
-        return Outcome(list(self.outcome.changes), list(self.outcome.suggestions), [why, *self.outcome.notes])
+        return Outcome(list(self.outcome.changes), list(self.outcome.suggestions),
+                       [ended_early(self.state, self.chosen, self._applied), *self.outcome.notes])
 
     @property
     def measuring(self) -> bool:

@@ -539,6 +539,48 @@ def test_an_epoch_whose_start_finds_the_store_warm_tries_the_cache_at_its_first_
     assert len(switcher.switches) == 1
 
 
+@pytest.mark.parametrize("when", ["warm", "another rank cold", "the fit's end"])
+def test_an_epoch_that_ends_with_the_store_warm_starts_the_next_on_the_first_cached_trial(when):
+    """At an epoch's end, before the next one starts its loader: where every rank's store may be read (one
+    collective, on every rank), the first cached trial goes in place then - the next epoch's first batch is read
+    from the store, not made by the loader in place - and its first step end does not look again. Not at the fit's
+    end: no trial would run."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    left = {"steps": 0 if when == "the fit's end" else 500}
+    collectives = []
+
+    def agree(values):
+        collectives.append(list(values))
+        return [1.0] * len(values) if when == "another rank cold" else values
+
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=2.0, steps_left=lambda: left["steps"]),
+                           warm=lambda: state["warm"], fills=lambda: True, agree=agree)
+    state = {"warm": False}
+    left["steps"] += 1000  # (room to wait)
+    session.begin(0.6)
+    for _ in range(3):  # 1 s windows filling the store, in epoch 0
+        window_ends(session, labels, 400.0, 0.6)
+    left["steps"] -= 1000
+    state["warm"] = True  # its last samples stored at the epoch's last step
+    before = len(collectives)
+    session.epoch_ended()
+    if when == "the fit's end":
+        assert switcher.switches == [] and session.state == "wait" and len(collectives) == before
+        return
+    assert len(collectives) == before + 1
+    if when == "another rank cold":
+        assert switcher.switches == [] and session.state == "wait"
+        return
+    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True, give_way=True)]
+    assert labels[-1].startswith("cache trial") and session.before is not None and session.before.value == 400.0
+    session.epoch_started()
+    session.on_step_end()  # the new epoch's first step end: the trial is in place already
+    assert len(switcher.switches) == 1 and len(collectives) == before + 1
+
+
 @pytest.mark.parametrize("where", ["here", "another rank", "making epoch", "nothing ahead"])
 def test_past_the_epoch_that_made_the_store_the_filling_loader_reads_it_while_its_misses_are_made(where):
     """At an epoch's first step past the epoch that made the store, while what it misses is made ahead: the filling
