@@ -83,10 +83,10 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     ahead = StoreCompletion(trainer, switcher, say=said, note=lambda line: session.outcome.notes.append(line),
                             draws_all=per_epoch >= len(split))
 
-    def warm() -> bool:  # not in the epoch that made the store (what it drew before the store may be made in it)
+    def warm() -> bool:  # not before the epoch that made the store ends (what it drew before the store is made in it)
         if switcher.cache is not None and config.sample_cache_dir is None:  # (in memory: what others stored, mapped)
             switcher.cache.store.map_in_stored()
-        return held_enough() and ahead.done() if trainer.current_epoch > made["epoch"] else ahead.early()
+        return held_enough() and ahead.done() if making_epoch_over(trainer, made["epoch"]) else ahead.early()
 
     # Windows of CACHE_WINDOW_S_FACTOR x window_s: storage-bound workers deliver in bursts, a few of which hide a gain
     windows = TrialWindows(meter.reset, config.window, CACHE_WINDOW_S_FACTOR * config.window_s, None,
@@ -146,6 +146,13 @@ def _most_workers(trainer: Any, config: PipeOptConfig, agree: ReduceMax) -> int 
     left per sample is CPU work then); None - as many as in place - under ``sample_cache_dir``, a disk store that
     may hold more than the memory and be read at the disk's latency."""
     return None if config.sample_cache_dir is not None else rank_cpus(trainer, agree)
+
+
+def making_epoch_over(trainer: Any, made_in: int) -> bool:
+    """Past the epoch that made the store (``made_in``), or at its end: asked for the next epoch's first batch."""
+    if trainer.current_epoch > made_in:
+        return True
+    return epoch_steps(trainer) is not None and steps_to_warm(trainer, made_in) == 0
 
 
 def steps_to_warm(trainer: Any, made_in: int) -> int:

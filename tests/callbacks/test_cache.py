@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -256,6 +257,39 @@ def test_the_samples_drawn_before_the_store_existed_are_made_ahead_and_cached_tr
     made_ahead = [n for n in report.notes if "made ahead" in n]
     assert len(made_ahead) == 1 and "in 1 worker process" in made_ahead[0], report.notes
     assert "while that epoch drew the rest" in made_ahead[0]  # made in the epoch that made the store (read ahead)
+    assert [c.knob for c in report.changes] == ["cache"] and tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+    assert psutil.Process().children() == []
+
+
+class _StoreCompleteAtEpochEnd(pl.Callback):
+    """At the last batch of the fit's first epoch: waits (30 s at most) until the store holds every sample and
+    nothing is being made ahead any more, so that the store is complete when that epoch ends."""
+
+    def __init__(self, pipeopt: PipeOpt, samples: int) -> None:
+        self.pipeopt, self.samples = pipeopt, samples
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 0 and batch_idx == trainer.num_training_batches - 1:
+            run, deadline = self.pipeopt._run, time.monotonic() + 30
+            while time.monotonic() < deadline and (run.sample_cache._making_ahead()
+                                                   or run.switcher.cache.store.stats().stored < self.samples):
+                time.sleep(0.01)
+
+
+def test_a_store_complete_when_its_epoch_ends_is_read_from_the_next_epochs_first_batch(monkeypatch, tmp_path):
+    """The store is made in the first epoch; where it holds every sample when that epoch ends, the first cached trial
+    starts with the next epoch: its first batch is read from the store, not made by the loader in place."""
+    data = WhereMade(n=128, delay_s=0.002)
+    plain, _ = fit([], data)
+    _cached_faster(monkeypatch)
+    WhereMade.step, WhereMade.made_at = -1, []  # (a step left by an earlier fit would read as this one's)
+    callback = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False)
+    tuned, trainer = fit([callback, _Steps(), _StoreCompleteAtEpochEnd(callback, len(data))], data)
+    report = callback.report
+    # a batch is fetched a step ahead of its own: the next epoch's first at the last step of this one (15)
+    assert [step for step in WhereMade.made_at if step >= trainer.num_training_batches - 1] == []
     assert [c.knob for c in report.changes] == ["cache"] and tuned.seen == plain.seen
     for name, value in plain.state_dict().items():
         assert torch.equal(value, tuned.state_dict()[name]), name
