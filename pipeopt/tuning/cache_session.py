@@ -189,9 +189,12 @@ class CacheSession:
             self.warm()
 
     def epoch_ended(self) -> None:
-        """At an epoch's end, before the next starts its loader (and an epoch's or the wait's first step end): where
-        every rank's store may be read, the trials begin - the next epoch's first batch read from the store, not
-        made by the loader in place; else, maybe, a filler reading what it holds (``_Cold``). Not at the fit's end."""
+        """At an epoch's end, before the next starts its loader (and an epoch's or the wait's first step end), once the
+        window the epoch's end closed is judged (its last step is timed then; a trial started now would take it for
+        its own): where every rank's store may be read, the trials begin - the next epoch's first batch read from the
+        store; else, maybe, a filler reading what it holds (``_Cold``). Not at the fit's end."""
+        if self._pending is not None:
+            self.on_step_end()
         if not self.started or self.state is not CachePhase.WAIT or self._windows.steps_left() == 0:
             return
         now = agree(_Cold(not self.warm(), self._to_warm() > 0, self._making_ahead()), self._agree)
@@ -300,8 +303,7 @@ class CacheSession:
         if rate is None or before is None or chosen is None or chosen.rate is None or windows is None:
             self.after = None
             return self._finish("the chosen loader's workers failed in the after-window")
-        verdict = windows.ended(rate, seconds, wait)
-        if verdict is None:
+        if (verdict := windows.ended(rate, seconds, wait)) is None:
             return
         self.outcome.notes.extend(windows.notes)
         if verdict != "kept":
@@ -363,9 +365,7 @@ class CacheSession:
         return Outcome(list(self.outcome.changes), list(self.outcome.suggestions),
                        [ended_early(self.state, self.chosen, self._applied), *self.outcome.notes])
 
-    @property
-    def measuring(self) -> bool:
-        return self.started and self.state is not CachePhase.DONE
+    measuring = property(lambda self: self.started and self.state is not CachePhase.DONE)
 
     @property
     def kept(self) -> LoaderSettings | None:

@@ -581,6 +581,30 @@ def test_an_epoch_that_ends_with_the_store_warm_starts_the_next_on_the_first_cac
     assert len(switcher.switches) == 1 and len(collectives) == before + 1
 
 
+def test_the_window_an_epochs_end_closes_is_the_settings_in_place_not_the_trial_started_there():
+    """An epoch's last step is timed at its end, so the window it completes closes then, just before the session's
+    epoch-end decision. That window measured the settings in place: it is pooled into the window before, and the
+    cached trial the decision starts is judged on windows measured after its switch, not on it."""
+    labels: list[str] = []
+    switcher = FakeSwitcher()
+    switcher.current = EIGHT
+    state = {"warm": False}
+    session = CacheSession(switcher, windows=TrialWindows(lambda label, *shape: labels.append(label),
+                                                          min_window_s=2.0, steps_left=lambda: 1000),
+                           warm=lambda: state["warm"], fills=lambda: True)
+    session.begin(0.6)
+    for _ in range(3):  # 1 s windows filling the store
+        window_ends(session, labels, 400.0, 0.6)
+    state["warm"] = True
+    session.on_window(make_window(samples_per_s=100.0, data_wait_frac=0.6, rate_rel_se=0.01))  # at the epoch's end
+    session.epoch_ended()
+    assert switcher.switches == [dataclasses.replace(EIGHT, cache=True, give_way=True)]
+    assert session.before is not None and session.before.value < 400.0  # the slow window is the settings in place
+    session.epoch_started()
+    session.on_step_end()  # the next epoch's first step end: no window closed since the switch
+    assert session.state == "trial" and session.trials == [] and len(switcher.switches) == 1
+
+
 @pytest.mark.parametrize("where", ["here", "another rank", "making epoch", "nothing ahead"])
 def test_past_the_epoch_that_made_the_store_the_filling_loader_reads_it_while_its_misses_are_made(where):
     """At an epoch's first step past the epoch that made the store, while what it misses is made ahead: the filling
