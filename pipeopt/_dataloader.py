@@ -45,6 +45,12 @@ def take_index_stream(iterator: Any) -> Any:
     return stream
 
 
+def give_index_stream(iterator: Any, stream: Iterator[Any]) -> None:
+    """Have a running torch DataLoader iterator dispatch from ``stream`` (the one ``take_index_stream`` took from it,
+    wrapped): what it dispatches from then on, the stream knows."""
+    iterator._sampler_iter = stream
+
+
 def order_fixed(iterator: Any) -> bool:
     """Whether a running DataLoader iterator's epoch is decided once its first index is drawn (``index_stream_begun``),
     so that reading its index stream ahead from then on changes nothing: torch's own (batch) samplers, exactly -

@@ -32,15 +32,16 @@ class Handover(Iterator[Any]):
     undelivered batches go back into the stream and ``fallback(error)`` supplies a loader iterator that continues
     with them: no batch is lost or repeated. Anything else - an exception from the user's dataset included -
     propagates unchanged. ``first_counted``: the stream's in-flight batches begin with those ``first`` dispatched
-    and did not deliver yet (``take_back`` may hand them on).
+    and did not deliver yet (``take_back`` may hand them on). ``first_tracked``: ``first`` dispatches from the
+    stream from now on (``_dataloader.give_index_stream``), and its failures fall back as an added source's do.
     """
 
     def __init__(self, stream: IndexStream, first: Iterator[Any], first_loader: Any,
                  fallback: Callable[[BaseException], tuple[Iterator[Any], Any]], *,
-                 first_counted: bool = False) -> None:
+                 first_counted: bool = False, first_tracked: bool = False) -> None:
         self.stream = stream
         self._fallback = fallback
-        self._sources = collections.deque([_Source(first, first_loader, tracked=False, counted=first_counted)])
+        self._sources = collections.deque([_Source(first, first_loader, first_tracked, first_counted)])
         self._stopping: list[_Source] = []  # taken back from: their workers end on their own, joined at close
 
     def add(self, iterator: Iterator[Any], loader: Any) -> None:

@@ -204,6 +204,7 @@ class LoaderSwitcher:
         self._dali = dali
         self.cache = cache  # every DataLoader pipeopt builds fills it; settings with ``cache`` read from it
         self.before_first_switch: Callable[[], object] | None = None  # called once, before the first switch
+        self._trial = False  # the settings in place were switched to and not settled: a trial's
 
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], Any]:
@@ -218,23 +219,42 @@ class LoaderSwitcher:
         return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout,
                             dataset=dataset)
 
-    def _live_handover(self) -> Handover:
+    def _live_handover(self, *, guard: bool = False) -> Handover:
+        """The running epoch's handover, the epoch's own iterator taken into one where there is none yet. ``guard``:
+        that iterator's failures fall back too (one of pipeopt's DataLoaders: its undelivered batches known)."""
         live = _lightning.live_train_iterators(self._trainer)
         if live is None or len(live) != 1:
             raise RuntimeError("no running train epoch to switch")
         if isinstance(live[0], Handover) and live[0] is self.handover:
             return live[0]
+        undelivered = _dataloader.undelivered(live[0])  # known for a loader of pipeopt's
         if self.handover is not None:  # a new epoch began: the previous epoch's sources are done
             self.handover.close(keep=live[0])
         fixed = _dataloader.order_fixed(live[0])
         self._fixed_epoch = live[0] if fixed else None
-        undelivered = _dataloader.undelivered(live[0])  # known for a loader of pipeopt's
         stream = IndexStream(_dataloader.take_index_stream(live[0]), read_ahead=fixed,  # read ahead when asked
                              in_flight=undelivered or ())
+        if guard:
+            _dataloader.detach_worker_watch(live[0])  # a death is reported by next(), where the handover sees it
+            _dataloader.give_index_stream(live[0], stream)
         self.handover = Handover(stream, live[0], self._installed(), self._on_failure,
-                                 first_counted=undelivered is not None)
+                                 first_counted=undelivered is not None, first_tracked=guard)
         live[0] = self.handover
         return self.handover
+
+    def guard(self) -> None:
+        """After a running epoch's first batch: where the epoch began on a trial's loader (switched to, not settled -
+        at the last epoch's last step, or a trial's persistent workers going on), a failure of its workers from
+        here on falls back to the settings before the trial, as a trial's does mid-epoch; the batches its
+        training loop fetched before (its first, and the one prefetched) are not covered. Settled settings are
+        left alone: their failures are the user's, as without pipeopt."""
+        if not self._trial or self.handover is not None:
+            return
+        live = _lightning.live_train_iterators(self._trainer)
+        if live is None or len(live) != 1:
+            return
+        if _dataloader.stoppable(live[0]) and _dataloader.undelivered(live[0]) is not None:
+            self._live_handover(guard=True)
 
     def drawn_for_good(self) -> list[int] | None:
         """The sample positions this rank's running epoch drew and will not draw again: every one its sampler gives
@@ -281,7 +301,7 @@ class LoaderSwitcher:
         iterator, loader = self._start(settings, handover.stream, timeout_s)
         handover.add(iterator, loader)
         self._combined.flattened = [loader]
-        self.current = settings
+        self.current, self._trial = settings, True
 
     @property
     def fills(self) -> bool:
@@ -291,6 +311,7 @@ class LoaderSwitcher:
     def settle(self) -> None:
         """The current settings are kept: the user's fetch timeout and torch's worker watch apply again, to the
         running iterator and to the iterators of later epochs."""
+        self._trial = False
         self._installed().timeout = self.user.timeout
         if self.handover is not None:
             iterator, _ = self.handover.current

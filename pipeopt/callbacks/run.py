@@ -140,6 +140,8 @@ class TuningRun:
 
     def step_ended(self, trainer: Any, stepped: bool, windows: int) -> None:
         """After the timer counted the batch; ``stepped``: an optimizer step ended with it."""
+        if self.switcher is not None:  # (an epoch begun on a trial: its failures fall back from here on)
+            self.switcher.guard()
         cache = self.sample_cache
         if cache is not None and cache.measuring:  # first: a failure of its trial's loader is its to judge
             cache.on_step_end()
@@ -154,7 +156,8 @@ class TuningRun:
             precision.on_step_end(trainer)
         if not self._loader_settled:
             return
-        if cache is not None and not cache.started and self._cache_turn():
+        # the sample cache goes last: once the batch plan and precision are decided
+        if cache is not None and not cache.started and all(g.decided for g in (plan, precision) if g is not None):
             search = self.session.search if self.session is not None else None
             filler = search.best_dataloader(filling=True).settings if search is not None else None
             cache.begin(search.baseline.data_wait_frac if search is not None else None, filler, self._loader_windows())
@@ -172,10 +175,6 @@ class TuningRun:
         if session is None or switcher is None or any(g.outcome().changes for g in groups if g is not None):
             return []
         return [(rate, s, wait) for applied, rate, s, wait in session.measured if applied == switcher.current]
-
-    def _cache_turn(self) -> bool:
-        """The sample cache goes last: once the batch plan and precision are decided."""
-        return all(g.decided for g in (self.batch, self.precision) if g is not None)
 
     def on_window(self, stats: WindowStats) -> None:
         """A window closed: it belongs to the group measuring now."""

@@ -31,3 +31,17 @@ class CrashesWithManyWorkers(Indexed):
         if info is not None and info.num_workers >= self.crash_at:
             os._exit(3)
         return super().__getitem__(i)
+
+
+class CrashesOn(Indexed):
+    """A worker process dies (no exception, no cleanup) when asked for one of ``positions``; the main process makes
+    them as ``Indexed`` does."""
+
+    def __init__(self, positions: set[int], n: int = 96) -> None:
+        super().__init__(n)
+        self.positions = positions
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in self.positions and get_worker_info() is not None:
+            os._exit(3)
+        return super().__getitem__(i)

@@ -14,7 +14,7 @@ from pipeopt.apply.handover import Handover
 from pipeopt.apply.index_stream import IndexStream, peek_seed
 from pipeopt.apply.loader import WORKER_NICENESS, GiveWay, build_loader, start_loader, unsupported
 from pipeopt.tuning.loader_search import LoaderSettings
-from tests.apply.datasets import CrashesWithManyWorkers, Indexed
+from tests.apply.datasets import CrashesOn, CrashesWithManyWorkers, Indexed
 from tests.batches import KINDS, ShapedCollate, ids_of
 
 FOUR = LoaderSettings(num_workers=4, prefetch_factor=2, persistent_workers=False, pin_memory=False)
@@ -299,3 +299,53 @@ def test_a_switch_that_takes_back_makes_the_old_loaders_undelivered_batches_in_t
         assert later == 0
         assert [w.exitcode for w in old._workers] == [0, 0]
     assert psutil.Process().children() == []
+
+
+@pytest.mark.parametrize("settings", [TWO, FOUR], ids=["persistent-workers", "workers-each-epoch"])
+def test_a_trial_an_epoch_begins_on_falls_back_when_its_workers_die(settings):
+    """A trial switched in at an epoch's last step is the next epoch's loader, started by the training loop, not by
+    a switch: from the epoch's first batch on (``guard``) a worker death falls back to the settings before the
+    trial, as it does mid-epoch - every sample once, in order, the failure kept for the tuner - instead of ending
+    the fit. Settled settings are not guarded: their failures are the user's, as without pipeopt."""
+    from pipeopt.apply.loader import LoaderSwitcher
+
+    expected = reference_epochs(0, epochs=2)
+    dies = expected[1][40]  # dispatched after the epoch's first batches: its worker dies while the epoch runs
+    user = DataLoader(CrashesOn({dies}), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    combined = _Epochs(user)
+    switcher = LoaderSwitcher(type("Trainer", (), {"fit_loop": type("Fit", (), {"_combined_loader": combined})})())
+    live = combined.epoch()
+    seen = flat(live[0])  # the whole epoch, as the fetcher has it before the last step ends
+    switcher.switch(settings, timeout_s=5)  # a trial, started at the epoch's last step
+    switcher.end_of_epoch()
+    live = combined.epoch()
+    seen += flat(itertools.islice(live[0], 2))  # the fetcher's first batch and the one it prefetches
+    switcher.guard()
+    seen += flat(live[0])
+    assert seen == expected[0] + expected[1]
+    failure = switcher.take_failure()
+    assert failure is not None and "exited unexpectedly" in str(failure)
+    assert switcher.current == MAIN and combined.flattened[0].num_workers == 0  # the settings before the trial
+    switcher.end_of_epoch()
+    switcher.close()
+    assert psutil.Process().children() == []
+
+
+def test_settled_settings_an_epoch_begins_on_are_not_guarded():
+    from pipeopt.apply.loader import LoaderSwitcher
+
+    combined = _Epochs(user_loader(0))
+    switcher = LoaderSwitcher(type("Trainer", (), {"fit_loop": type("Fit", (), {"_combined_loader": combined})})())
+    live = combined.epoch()
+    flat(live[0])
+    switcher.switch(TWO)
+    switcher.settle()  # kept: the user's own semantics from here on
+    switcher.end_of_epoch()
+    live = combined.epoch()
+    first = live[0]
+    switcher.guard()
+    assert live[0] is first and switcher.handover is None
+    flat(live[0])
+    switcher.end_of_epoch()
+    switcher.close()
+    _dataloader.shutdown_iterator(_dataloader.cached_iterator(combined.flattened[0]))
