@@ -67,6 +67,51 @@ class MissingSample(SleepyDataset):
         return super().__getitem__(i)
 
 
+class DiesInItsThirdBatch(SleepyDataset):
+    """A worker process dies (no exception, no cleanup) on the 17th item it makes: in its third batch of 8, after the
+    first two batches an epoch's first loader delivers."""
+
+    made = 0
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None:
+            DiesInItsThirdBatch.made += 1  # (this worker process's own count)
+            if DiesInItsThirdBatch.made > 16:
+                os._exit(3)
+        return super().__getitem__(i)
+
+
+class TrialAtTheFirstEpochsEnd(pl.Callback):
+    """At the first epoch's last batch: pipeopt's switcher switches to 2 persistent workers, unsettled - a trial the
+    next epoch begins on, as the sample cache's first trial or a loader-search trial switched in then is."""
+
+    def __init__(self, pipeopt):
+        self.pipeopt = pipeopt
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 0 and batch_idx == trainer.num_training_batches - 1:
+            from pipeopt.tuning.loader_search import LoaderSettings
+
+            self.pipeopt._run.switcher.switch(LoaderSettings(2, 2, True, False), timeout_s=10)
+
+
+def test_a_trial_the_next_epoch_begins_on_falls_back_when_its_workers_die(no_leaks, monkeypatch):
+    """Lightning, not a switch, starts the iterator of an epoch that begins on a trial's loader. A worker death in it
+    falls back to the settings before the trial (the user's here), as mid-epoch: the fit ends, every sample trained
+    once in order, the weights those of a run without pipeopt."""
+    import torch
+
+    data = DiesInItsThirdBatch(n=128, delay_s=0.0)
+    plain, _ = fit([], data, epochs=3)
+    controlled_wait(monkeypatch, 0.01)  # compute-bound: the search ends at once and leaves the switcher to the test
+    callback = tuner()
+    tuned, trainer = fit([callback, TrialAtTheFirstEpochsEnd(callback)], data, epochs=3)
+    assert tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+    assert trainer.train_dataloader.num_workers == 0  # the user's settings, from the failure on
+
+
 @pytest.mark.parametrize(
     ("dataset_cls", "error"),
     [(HangsWithTwoWorkers, "timed out"), (SharedMemoryFullWithTwoWorkers, "No space left on device")],
