@@ -89,9 +89,12 @@ def epoch_positions(iterator: Any) -> list[int] | None:
 
 
 def shutdown_iterator(iterator: Any) -> None:
-    """Stop a DataLoader iterator's workers now (also for persistent workers, which otherwise wait for reuse)."""
+    """Stop a DataLoader iterator's workers now (also for persistent workers, which otherwise wait for reuse). Their
+    exits are expected: torch's SIGCHLD watch leaves them first, so that one found dead (a failure already raised)
+    does not raise again, wherever the main thread is then."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
+        detach_worker_watch(iterator)
         shutdown()
 
 

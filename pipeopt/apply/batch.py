@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, default_collate
 
 from pipeopt import _dataloader, _lightning
+from pipeopt.apply.loader import is_plain
 from pipeopt.measure.batch import batch_size, concat_batches, slice_batch
 from pipeopt.measure.window import WindowStats
 from pipeopt.tuning.batch import BatchPlan
@@ -48,7 +49,7 @@ def unsupported(trainer: Any, module: Any, loader: Any) -> str | None:
     """Why pipeopt leaves this run's batch plan alone (None when it may tune it)."""
     if not getattr(module, "automatic_optimization", True):
         return "the module uses manual optimization: pipeopt cannot set its gradient accumulation"
-    if type(loader) is not DataLoader or isinstance(loader.dataset, IterableDataset):
+    if not is_plain(loader) or isinstance(loader.dataset, IterableDataset):
         return "the train loader is not a map-style torch DataLoader"
     if loader.batch_size is None or not isinstance(loader.batch_sampler, BatchSampler):
         return "the train loader has a custom batch sampler: its batch size is not known"
@@ -94,7 +95,7 @@ def _partial_last_step(loader: DataLoader, accumulate: int) -> str | None:
 def recuttable(loader: Any, size: int) -> bool:
     """Whether ``loader`` (the one installed when plans are tried) makes the user's batches of ``size`` from a
     ``BatchSampler``."""
-    batches = _batch_sampler(loader) if type(loader) is DataLoader else None
+    batches = _batch_sampler(loader) if is_plain(loader) else None
     return batches is not None and batches.batch_size == size
 
 

@@ -21,6 +21,7 @@ class _Source:
     loader: Any  # the DataLoader it came from
     tracked: bool  # its batches were dispatched from the shared IndexStream (so it is pipeopt's)
     counted: bool  # its undelivered batches are in the stream's in-flight ones (``delivered`` as it delivers)
+    guarded: bool  # a failure of its loader machinery falls back (a trial's; not the fallback's own)
 
 
 class Handover(Iterator[Any]):
@@ -30,7 +31,8 @@ class Handover(Iterator[Any]):
     exactly what it was given and stops. When one of pipeopt's sources fails in the loader machinery (a worker
     died, hung past the timeout, ran out of shared memory; a ``LoaderFailure``, such as a DALI pipeline's), its
     undelivered batches go back into the stream and ``fallback(error)`` supplies a loader iterator that continues
-    with them: no batch is lost or repeated. Anything else - an exception from the user's dataset included -
+    with them: no batch is lost or repeated. Anything else - an exception from the user's dataset included, and a
+    failure of the fallback's own loader (the settings known to work: as the user's would without pipeopt) -
     propagates unchanged. ``first_counted``: the stream's in-flight batches begin with those ``first`` dispatched
     and did not deliver yet (``take_back`` may hand them on). ``first_tracked``: ``first`` dispatches from the
     stream from now on (``_dataloader.give_index_stream``), and its failures fall back as an added source's do.
@@ -41,13 +43,13 @@ class Handover(Iterator[Any]):
                  first_counted: bool = False, first_tracked: bool = False) -> None:
         self.stream = stream
         self._fallback = fallback
-        self._sources = collections.deque([_Source(first, first_loader, first_tracked, first_counted)])
+        self._sources = collections.deque([_Source(first, first_loader, first_tracked, first_counted, first_tracked)])
         self._stopping: list[_Source] = []  # taken back from: their workers end on their own, joined at close
 
     def add(self, iterator: Iterator[Any], loader: Any) -> None:
         """Continue with ``iterator`` (fed from ``self.stream``) once the current sources are drained."""
         self._cut_tail()
-        self._sources.append(_Source(iterator, loader, tracked=True, counted=True))
+        self._sources.append(_Source(iterator, loader, tracked=True, counted=True, guarded=True))
 
     def take_back(self) -> bool:
         """Before ``add``: the batches the sources dispatched and did not deliver go back in front of the stream, to
@@ -96,7 +98,7 @@ class Handover(Iterator[Any]):
                 self._release(source)
                 continue
             except RuntimeError as err:
-                if not (source.tracked and (isinstance(err, LoaderFailure) or _dataloader.is_worker_failure(err))):
+                if not (source.guarded and (isinstance(err, LoaderFailure) or _dataloader.is_worker_failure(err))):
                     raise
                 self._recover(err)
                 continue
@@ -112,8 +114,8 @@ class Handover(Iterator[Any]):
             _dataloader.kill_workers(source.iterator)
             self._release(source)
         self.stream.recover()
-        iterator, loader = self._fallback(err)
-        self._sources.append(_Source(iterator, loader, tracked=True, counted=True))
+        iterator, loader = self._fallback(err)  # known to work: a failure of its own is the user's, as without pipeopt
+        self._sources.append(_Source(iterator, loader, tracked=True, counted=True, guarded=False))
 
     @staticmethod
     def _release(source: _Source) -> None:

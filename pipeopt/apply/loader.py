@@ -15,11 +15,12 @@ the user's own loader would have made creating its iterator.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -57,9 +58,24 @@ class GiveWay:
             self.worker_init_fn(worker_id)
 
 
+class SwitchedLoader(DataLoader):
+    """The DataLoader ``build_loader`` makes: torch's, except that an iterator the training loop starts from it (each
+    new epoch) is made through ``on_epoch`` when set - the switcher's, which guards a trial's from its first batch."""
+
+    on_epoch: Callable[[Callable[[], Any], DataLoader], Iterator[Any]] | None = None
+
+    def __iter__(self) -> Any:
+        return super().__iter__() if self.on_epoch is None else self.on_epoch(super().__iter__, self)
+
+
+def is_plain(loader: Any) -> bool:
+    """A ``torch.utils.data.DataLoader`` itself, the user's or one pipeopt built (not a subclass of the user's)."""
+    return type(loader) in (DataLoader, SwitchedLoader)
+
+
 def unsupported(loader: Any) -> str | None:
     """Why pipeopt cannot switch this loader mid-epoch (None when it can)."""
-    if type(loader) is not DataLoader:
+    if not is_plain(loader):
         return (f"the train loader is a {type(loader).__name__}, not a torch.utils.data.DataLoader; pipeopt "
                 "rebuilds only plain DataLoaders")
     if isinstance(loader.dataset, IterableDataset):
@@ -69,10 +85,10 @@ def unsupported(loader: Any) -> str | None:
     return None
 
 
-def loader_like(user: DataLoader, **changes: Any) -> DataLoader:
-    """A ``torch.utils.data.DataLoader`` with ``user``'s dataset, collate function, worker init, generator, timeout,
-    worker and pinning settings, except ``changes`` - which must say how batches are drawn (``batch_sampler=``,
-    or ``sampler=`` with ``batch_size=None``)."""
+def loader_like(user: DataLoader, *, cls: type[DataLoader] = DataLoader, **changes: Any) -> DataLoader:
+    """A ``cls`` (a ``torch.utils.data.DataLoader``) with ``user``'s dataset, collate function, worker init,
+    generator, timeout, worker and pinning settings, except ``changes`` - which must say how batches are drawn
+    (``batch_sampler=``, or ``sampler=`` with ``batch_size=None``)."""
     kwargs: dict[str, Any] = {
         "dataset": user.dataset,
         "num_workers": user.num_workers,
@@ -90,7 +106,7 @@ def loader_like(user: DataLoader, **changes: Any) -> DataLoader:
     }
     if kwargs["num_workers"] == 0:  # torch refuses these without workers
         kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None)
-    return DataLoader(**{k: v for k, v in kwargs.items() if k in _INIT_PARAMS})
+    return cls(**{k: v for k, v in kwargs.items() if k in _INIT_PARAMS})
 
 
 def build_loader(
@@ -102,7 +118,7 @@ def build_loader(
     generator: torch.Generator,
     timeout: float | None = None,
     dataset: Any = None,
-) -> DataLoader:
+) -> SwitchedLoader:
     """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs; reading ``dataset``
     (the user's, wrapped by the sample cache) instead of the user's when given - with ``collate_rows`` for torch's
     default collate where that dataset reads batches straight into their rows."""
@@ -112,8 +128,9 @@ def build_loader(
                                                                   remember=remember)}
     else:  # no automatic batching: the sampler yields single indices
         drawn = {"sampler": ResumingSampler(user.sampler, first, before_epoch, remember=remember), "batch_size": None}
-    return loader_like(
+    return cast(SwitchedLoader, loader_like(
         user,
+        cls=SwitchedLoader,
         num_workers=settings.num_workers,
         pin_memory=settings.pin_memory,
         timeout=user.timeout if timeout is None or not settings.num_workers else timeout,  # workers' only
@@ -124,7 +141,7 @@ def build_loader(
         **({"dataset": dataset} if dataset is not None else {}),
         **({"collate_fn": _dataloader.collate_rows} if getattr(dataset, "rows", False) else {}),
         **drawn,
-    )
+    ))
 
 
 def user_epoch_draw(user: DataLoader, private: torch.Generator) -> Callable[[], None] | None:
@@ -140,6 +157,16 @@ def user_epoch_draw(user: DataLoader, private: torch.Generator) -> Callable[[], 
     return draw
 
 
+@contextlib.contextmanager
+def trial_workers() -> Iterator[None]:
+    """Start a trial's workers: outside torch's SIGCHLD watch (``_dataloader.quiet_worker_deaths``), and without
+    torch's warning when workers outnumber CPUs - trials do that on purpose (storage-bound workers mostly wait), and
+    the measurement decides."""
+    with warnings.catch_warnings(), _dataloader.quiet_worker_deaths():
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        yield
+
+
 def start_loader(
     user: DataLoader,
     settings: LoaderSettings,
@@ -148,13 +175,10 @@ def start_loader(
     generator: torch.Generator,
     timeout: float | None,
     dataset: Any = None,
-) -> tuple[Iterator[Any], DataLoader]:
+) -> tuple[Iterator[Any], SwitchedLoader]:
     """Build a loader like ``user`` with ``settings`` that continues ``first``, and start its iterator - leaving the
     user's RNG untouched and its workers outside torch's SIGCHLD watch (a death surfaces in ``next()``)."""
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), _dataloader.quiet_worker_deaths():
-        # torch warns when workers outnumber CPUs; trials do that on purpose (storage-bound workers mostly
-        # wait) and the measurement decides.
-        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    with torch.random.fork_rng(devices=[]), trial_workers():
         loader = build_loader(user, settings, first=first, before_epoch=user_epoch_draw(user, generator),
                               generator=generator, timeout=timeout, dataset=dataset)
         iterator = iter(loader)
@@ -216,45 +240,50 @@ class LoaderSwitcher:
         if self.cache is not None:  # whole items are read a batch at a time where torch's collate makes the batch
             rows = self.user.batch_sampler is not None and _dataloader.is_default_collate(self.user.collate_fn)
             dataset = self.cache.dataset(read=settings.cache, rows=rows)
-        return start_loader(self.user, settings, first=stream, generator=self._generator, timeout=timeout,
-                            dataset=dataset)
+        iterator, loader = start_loader(self.user, settings, first=stream, generator=self._generator,
+                                        timeout=timeout, dataset=dataset)
+        loader.on_epoch = self._epoch_iterator  # from here on: the iterators the training loop starts
+        return iterator, loader
 
-    def _live_handover(self, *, guard: bool = False) -> Handover:
-        """The running epoch's handover, the epoch's own iterator taken into one where there is none yet. ``guard``:
-        that iterator's failures fall back too (one of pipeopt's DataLoaders: its undelivered batches known)."""
+    def _live_handover(self) -> Handover:
+        """The running epoch's handover, the epoch's own iterator taken into one where there is none yet."""
         live = _lightning.live_train_iterators(self._trainer)
         if live is None or len(live) != 1:
             raise RuntimeError("no running train epoch to switch")
-        if isinstance(live[0], Handover) and live[0] is self.handover:
-            return live[0]
-        undelivered = _dataloader.undelivered(live[0])  # known for a loader of pipeopt's
+        if not (isinstance(live[0], Handover) and live[0] is self.handover):
+            live[0] = self._take_over(live[0])
+        return live[0]
+
+    def _take_over(self, iterator: Iterator[Any], *, guard: bool = False) -> Handover:
+        """A handover beginning with ``iterator``, the running epoch's own. ``guard``: that iterator's failures fall
+        back too (one of pipeopt's DataLoaders: its undelivered batches known)."""
+        undelivered = _dataloader.undelivered(iterator)  # known for a loader of pipeopt's
         if self.handover is not None:  # a new epoch began: the previous epoch's sources are done
-            self.handover.close(keep=live[0])
-        fixed = _dataloader.order_fixed(live[0])
-        self._fixed_epoch = live[0] if fixed else None
-        stream = IndexStream(_dataloader.take_index_stream(live[0]), read_ahead=fixed,  # read ahead when asked
+            self.handover.close(keep=iterator)
+        fixed = _dataloader.order_fixed(iterator)
+        self._fixed_epoch = iterator if fixed else None
+        stream = IndexStream(_dataloader.take_index_stream(iterator), read_ahead=fixed,  # read ahead when asked
                              in_flight=undelivered or ())
         if guard:
-            _dataloader.detach_worker_watch(live[0])  # a death is reported by next(), where the handover sees it
-            _dataloader.give_index_stream(live[0], stream)
-        self.handover = Handover(stream, live[0], self._installed(), self._on_failure,
+            _dataloader.give_index_stream(iterator, stream)
+        self.handover = Handover(stream, iterator, self._installed(), self._on_failure,
                                  first_counted=undelivered is not None, first_tracked=guard)
-        live[0] = self.handover
         return self.handover
 
-    def guard(self) -> None:
-        """After a running epoch's first batch: where the epoch began on a trial's loader (switched to, not settled -
-        at the last epoch's last step, or a trial's persistent workers going on), a failure of its workers from
-        here on falls back to the settings before the trial, as a trial's does mid-epoch; the batches its
-        training loop fetched before (its first, and the one prefetched) are not covered. Settled settings are
-        left alone: their failures are the user's, as without pipeopt."""
-        if not self._trial or self.handover is not None:
-            return
-        live = _lightning.live_train_iterators(self._trainer)
-        if live is None or len(live) != 1:
-            return
-        if _dataloader.stoppable(live[0]) and _dataloader.undelivered(live[0]) is not None:
-            self._live_handover(guard=True)
+    def _epoch_iterator(self, start: Callable[[], Iterator[Any]], loader: DataLoader) -> Iterator[Any]:
+        """An iterator the training loop starts from a loader of pipeopt's (``start``: torch's). Where its settings are
+        a trial's (switched to, not settled: at the last epoch's last step, or persistent workers going on), a
+        failure of its workers falls back to the settings before the trial from the epoch's first batch on, as a
+        trial's does mid-epoch. Settled settings are left alone: their failures are the user's, as without
+        pipeopt."""
+        if not self._trial or not loader.num_workers:
+            return start()
+        with trial_workers():
+            iterator = start()
+            _dataloader.detach_worker_watch(iterator)  # a death is reported by next(), where the handover sees it
+        if _dataloader.undelivered(iterator) is None:
+            return iterator
+        return self._take_over(iterator, guard=True)
 
     def drawn_for_good(self) -> list[int] | None:
         """The sample positions this rank's running epoch drew and will not draw again: every one its sampler gives
@@ -275,7 +304,7 @@ class LoaderSwitcher:
         """A trial's workers failed mid-epoch: continue the same stream with the last good settings."""
         if self.handover is None:
             raise RuntimeError("pipeopt: a loader failure was reported outside a handover") from err
-        self.failed = err
+        self.failed, self._trial = err, False  # the settings before the trial: not a trial's
         iterator, loader = self._start(self.fallback, self.handover.stream, timeout=None)
         _dataloader.attach_worker_watch(iterator)
         self._combined.flattened = [loader]

@@ -140,8 +140,6 @@ class TuningRun:
 
     def step_ended(self, trainer: Any, stepped: bool, windows: int) -> None:
         """After the timer counted the batch; ``stepped``: an optimizer step ended with it."""
-        if self.switcher is not None:  # (an epoch begun on a trial: its failures fall back from here on)
-            self.switcher.guard()
         cache = self.sample_cache
         if cache is not None and cache.measuring:  # first: a failure of its trial's loader is its to judge
             cache.on_step_end()

@@ -1,6 +1,7 @@
 """Handing a running epoch from one DataLoader to another: same samples, same order, each once."""
 
 import itertools
+import multiprocessing
 import os
 import time
 
@@ -304,13 +305,12 @@ def test_a_switch_that_takes_back_makes_the_old_loaders_undelivered_batches_in_t
 @pytest.mark.parametrize("settings", [TWO, FOUR], ids=["persistent-workers", "workers-each-epoch"])
 def test_a_trial_an_epoch_begins_on_falls_back_when_its_workers_die(settings):
     """A trial switched in at an epoch's last step is the next epoch's loader, started by the training loop, not by
-    a switch: from the epoch's first batch on (``guard``) a worker death falls back to the settings before the
-    trial, as it does mid-epoch - every sample once, in order, the failure kept for the tuner - instead of ending
-    the fit. Settled settings are not guarded: their failures are the user's, as without pipeopt."""
+    a switch: from the epoch's first batch on a worker death falls back to the settings before the trial, as it
+    does mid-epoch - every sample once, in order, the failure kept for the tuner - instead of ending the fit."""
     from pipeopt.apply.loader import LoaderSwitcher
 
     expected = reference_epochs(0, epochs=2)
-    dies = expected[1][40]  # dispatched after the epoch's first batches: its worker dies while the epoch runs
+    dies = expected[1][0]  # the next epoch's first sample: its worker dies before the training loop has a batch
     user = DataLoader(CrashesOn({dies}), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
     combined = _Epochs(user)
     switcher = LoaderSwitcher(type("Trainer", (), {"fit_loop": type("Fit", (), {"_combined_loader": combined})})())
@@ -319,8 +319,6 @@ def test_a_trial_an_epoch_begins_on_falls_back_when_its_workers_die(settings):
     switcher.switch(settings, timeout_s=5)  # a trial, started at the epoch's last step
     switcher.end_of_epoch()
     live = combined.epoch()
-    seen += flat(itertools.islice(live[0], 2))  # the fetcher's first batch and the one it prefetches
-    switcher.guard()
     seen += flat(live[0])
     assert seen == expected[0] + expected[1]
     failure = switcher.take_failure()
@@ -332,6 +330,8 @@ def test_a_trial_an_epoch_begins_on_falls_back_when_its_workers_die(settings):
 
 
 def test_settled_settings_an_epoch_begins_on_are_not_guarded():
+    """Settings that were kept are not guarded: their failures are the user's, as without pipeopt (torch's own
+    iterator, its SIGCHLD watch in place)."""
     from pipeopt.apply.loader import LoaderSwitcher
 
     combined = _Epochs(user_loader(0))
@@ -342,10 +342,38 @@ def test_settled_settings_an_epoch_begins_on_are_not_guarded():
     switcher.settle()  # kept: the user's own semantics from here on
     switcher.end_of_epoch()
     live = combined.epoch()
-    first = live[0]
-    switcher.guard()
-    assert live[0] is first and switcher.handover is None
+    assert _dataloader.stoppable(live[0]) and live[0]._worker_pids_set
+    assert switcher.handover is None
     flat(live[0])
     switcher.end_of_epoch()
     switcher.close()
     _dataloader.shutdown_iterator(_dataloader.cached_iterator(combined.flattened[0]))
+
+
+def test_a_fallback_that_fails_too_raises_as_the_users_loader_would():
+    """The settings a failed trial falls back to are the ones known to work (the user's here, 2 workers). Where
+    their own worker dies as well - the dataset kills any worker given that sample - the error is the user's, as
+    without pipeopt: it propagates, and pipeopt does not fall back again and again."""
+    from pipeopt.apply.loader import LoaderSwitcher
+
+    started = multiprocessing.Value("i", 0)  # worker processes started, counted by each one
+
+    def count(worker_id):
+        with started.get_lock():
+            started.value += 1
+
+    user = DataLoader(CrashesOn({50}), batch_size=4, num_workers=2, worker_init_fn=count)
+    combined = _Epochs(user)
+    switcher = LoaderSwitcher(type("Trainer", (), {"fit_loop": type("Fit", (), {"_combined_loader": combined})})())
+    live = combined.epoch()
+    seen = flat(itertools.islice(live[0], 2))
+    switcher.switch(FOUR, timeout_s=5)
+    # torch's error for a dead worker: "exited unexpectedly", or the dead worker's batch unreadable in transit
+    with pytest.raises((RuntimeError, EOFError, ConnectionError)):
+        for batch in live[0]:
+            seen += flat([batch])
+    assert seen == list(range(len(seen))) and len(seen) <= 48  # no batch repeated, none past the fatal one
+    assert switcher.current == switcher.user_settings and "exited unexpectedly" in str(switcher.take_failure())
+    assert started.value == 2 + 4 + 2  # the user's loader, the trial's, one fallback: none started after it failed
+    switcher.close()
+    assert psutil.Process().children() == []
