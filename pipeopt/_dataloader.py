@@ -48,7 +48,10 @@ def take_index_stream(iterator: Any) -> Any:
 def give_index_stream(iterator: Any, stream: Iterator[Any]) -> None:
     """Have a running torch DataLoader iterator dispatch from ``stream`` (the one ``take_index_stream`` took from it,
     wrapped): what it dispatches from then on, the stream knows."""
-    iterator._sampler_iter = stream
+    if hasattr(iterator, "give_index_stream"):  # pipeopt's own (DALI's)
+        iterator.give_index_stream(stream)
+    else:
+        iterator._sampler_iter = stream
 
 
 def order_fixed(iterator: Any) -> bool:
@@ -103,6 +106,8 @@ def undelivered(iterator: Any) -> list[Any] | None:
     order, where its (batch) sampler remembers them (pipeopt's ``ResumingSampler.undelivered``); None otherwise."""
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+    if callable(getattr(iterator, "undelivered", None)):  # pipeopt's own (DALI's)
+        return iterator.undelivered()
     remembered = getattr(getattr(iterator, "_index_sampler", None), "undelivered", None)
     if not isinstance(iterator, _BaseDataLoaderIter) or not callable(remembered):
         return None

@@ -190,7 +190,8 @@ class LoaderSource(Protocol):
     """Another maker of the user's batches than a DataLoader (``pipeopt.dali.DaliSource``): the switcher starts it
     for settings with ``dali`` set. It gives the same batches in the same order - the user's batch sampler,
     continuing ``first`` (the running epoch's remaining index batches) - and makes the draw from ``generator`` the
-    user's loader makes at each later epoch."""
+    user's loader makes at each later epoch. Its loader starts each later epoch's iterator through ``on_epoch``
+    once the switcher sets it (``SwitchedLoader``'s protocol)."""
 
     def start(self, user: DataLoader, device: str, *, first: Iterator[Any],
               generator: torch.Generator) -> tuple[Iterator[Any], Any]: ...
@@ -232,16 +233,18 @@ class LoaderSwitcher:
 
     # -- switching -----------------------------------------------------------------------------------------
     def _start(self, settings: LoaderSettings, stream: IndexStream, timeout: float | None) -> tuple[Iterator[Any], Any]:
+        loader: Any
         if settings.dali:
             if self._dali is None:
                 raise ValueError(f"{settings.describe()} needs a DALI source; none was given to the switcher")
-            return self._dali.start(self.user, settings.dali, first=stream, generator=self._generator)
-        dataset = None
-        if self.cache is not None:  # whole items are read a batch at a time where torch's collate makes the batch
-            rows = self.user.batch_sampler is not None and _dataloader.is_default_collate(self.user.collate_fn)
-            dataset = self.cache.dataset(read=settings.cache, rows=rows)
-        iterator, loader = start_loader(self.user, settings, first=stream, generator=self._generator,
-                                        timeout=timeout, dataset=dataset)
+            iterator, loader = self._dali.start(self.user, settings.dali, first=stream, generator=self._generator)
+        else:
+            dataset = None
+            if self.cache is not None:  # whole items are read a batch at a time where torch's collate makes the batch
+                rows = self.user.batch_sampler is not None and _dataloader.is_default_collate(self.user.collate_fn)
+                dataset = self.cache.dataset(read=settings.cache, rows=rows)
+            iterator, loader = start_loader(self.user, settings, first=stream, generator=self._generator,
+                                            timeout=timeout, dataset=dataset)
         loader.on_epoch = self._epoch_iterator  # from here on: the iterators the training loop starts
         return iterator, loader
 
@@ -270,13 +273,13 @@ class LoaderSwitcher:
                                  first_counted=undelivered is not None, first_tracked=guard)
         return self.handover
 
-    def _epoch_iterator(self, start: Callable[[], Iterator[Any]], loader: DataLoader) -> Iterator[Any]:
-        """An iterator the training loop starts from a loader of pipeopt's (``start``: torch's). Where its settings are
-        a trial's (switched to, not settled: at the last epoch's last step, or persistent workers going on), a
-        failure of its workers falls back to the settings before the trial from the epoch's first batch on, as a
-        trial's does mid-epoch. Settled settings are left alone: their failures are the user's, as without
-        pipeopt."""
-        if not self._trial or not loader.num_workers:
+    def _epoch_iterator(self, start: Callable[[], Iterator[Any]], loader: Any) -> Iterator[Any]:
+        """An iterator the training loop starts from a loader of pipeopt's (``start``: the loader's own). Where its
+        settings are a trial's (switched to, not settled: at the last epoch's last step, or persistent workers going
+        on), a failure of its machinery - its workers, DALI's pipeline - falls back to the settings before the trial
+        from the epoch's first batch on, as a trial's does mid-epoch. Settled settings are left alone: their
+        failures are the user's, as without pipeopt."""
+        if not self._trial or (isinstance(loader, DataLoader) and not loader.num_workers):
             return start()
         with trial_workers():
             iterator = start()

@@ -79,6 +79,9 @@ class DaliLoader:
         # iterator, so that a new epoch drops what an abandoned one fed (the pipeline returns runs in order).
         self._fed: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()
         self._epoch = 0
+        #: when set (pipeopt's switcher sets it on the loaders it starts), each ``iter()`` is ``on_epoch(start, self)``,
+        #: ``start`` making the epoch's ``DaliIterator`` - so that a trial's next epoch is guarded from its first batch
+        self.on_epoch: Callable[[Callable[[], DaliIterator], Any], Iterator[Any]] | None = None
 
     @property
     def sampler(self) -> Any:
@@ -88,7 +91,10 @@ class DaliLoader:
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]  # the user's batch sampler, which has a length
 
-    def __iter__(self) -> DaliIterator:
+    def __iter__(self) -> Iterator[Any]:
+        return self._start() if self.on_epoch is None else self.on_epoch(self._start, self)
+
+    def _start(self) -> DaliIterator:
         self._drain()  # the previous epoch stopped early: drop what was fed ahead of it
         self._epoch += 1
         if self._before_epoch is not None:
@@ -181,6 +187,14 @@ class DaliIterator(Iterator[Any]):
         """Stop taking indices: deliver the batches already fed, then stop; the rest of the epoch is returned."""
         stream, self._indices = self._indices, iter(())
         return stream
+
+    def give_index_stream(self, stream: Iterator[Any]) -> None:
+        """Feed from ``stream`` from now on (the one ``take_index_stream`` returned, wrapped)."""
+        self._indices = stream
+
+    def undelivered(self) -> list[Any] | None:
+        """The index batches fed and not taken yet: known (none) until the first is fed; None after that."""
+        return None if self._current and self._loader._fed else []
 
     def ready_batches(self) -> int:
         """Batches fed to DALI and not yet taken (at most ``prefetch``: the stock does not grow)."""

@@ -76,6 +76,39 @@ def test_a_failing_dali_pipeline_is_discarded_and_training_goes_on(images, monke
     assert callback.report.changes == []
 
 
+class DaliAtTheFirstEpochsEnd(pl.Callback):
+    """At the first epoch's last batch: pipeopt's switcher switches to DALI, unsettled - a trial the next epoch
+    begins on. Its pipeline is built when the next epoch's first batch is fed."""
+
+    def __init__(self, pipeopt):
+        self.pipeopt = pipeopt
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 0 and batch_idx == trainer.num_training_batches - 1:
+            from pipeopt.tuning.loader_search import LoaderSettings
+
+            self.pipeopt._run.switcher.switch(LoaderSettings(0, None, False, False, dali="cpu"), timeout_s=10)
+
+
+def test_a_dali_trial_the_next_epoch_begins_on_falls_back_when_its_pipeline_fails(images, monkeypatch):
+    """Lightning starts the iterator of an epoch that begins on a DALI trial. Its pipeline failing in the epoch's
+    first batch falls back to the settings before the trial, as mid-epoch: every image once, in order, and the
+    weights those of a run without pipeopt (no batch came from DALI)."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("no DALI today")
+
+    monkeypatch.setattr("pipeopt.dali.pipeline.build", broken)
+    plain, _ = fit([], images, epochs=2)
+    controlled_wait(monkeypatch, 0.01)  # compute-bound: the search ends at once and leaves the switcher to the test
+    callback = quiet_pipeopt(tune=("dali",), window=4)
+    tuned, trainer = fit([callback, DaliAtTheFirstEpochsEnd(callback)], images, epochs=2)
+    assert tuned.seen == plain.seen
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, tuned.state_dict()[name]), name
+    assert type(trainer.train_dataloader).__name__ != "DaliLoader"  # the settings before the trial, from the failure
+    assert psutil.Process().children() == []
+
+
 def test_without_dali_the_group_is_skipped_with_how_to_install_it(images, monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # `import nvidia.dali` now fails as if not installed
     callback = quiet_pipeopt(tune=("loader", "dali"), window=4)
