@@ -198,15 +198,16 @@ class LoaderSource(Protocol):
 
 
 def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
-    """The running epoch (a token: the list of its loader iterators, new each epoch) and the finished batches
-    waiting in its train loader; None outside an epoch, with several train loaders, or where torch's queues cannot
-    be counted."""
+    """The running epoch (a token: its number - not its iterators, which a reading kept for a window would keep
+    alive, and with them the workers torch shuts down as the iterator is freed) and the finished batches waiting in
+    its train loader; None outside an epoch, with several train loaders, or where torch's queues cannot be
+    counted."""
     live = _lightning.live_train_iterators(trainer)
     if not live or len(live) != 1:
         return None
     iterator = live[0]
     count = iterator.ready_batches() if isinstance(iterator, Handover) else _dataloader.ready_batches(iterator)
-    return None if count is None else (live, count)
+    return None if count is None else (int(trainer.current_epoch), count)
 
 
 class LoaderSwitcher:

@@ -54,7 +54,7 @@ class ResourceProbe:
     (the batch plan's windows, whose peaks decide what fits the budget). Elsewhere a window's peak is the allocator's
     peak up to its end since the last reset, pipeopt's or the user's: an upper bound of the window's own.
 
-    ``ready_now()`` is read at every step: the running epoch (a token) and the finished batches waiting in its
+    ``ready_now()`` is read at every step: the running epoch (its number) and the finished batches waiting in its
     train loader, or None where they cannot be counted."""
 
     def __init__(

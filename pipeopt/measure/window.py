@@ -162,7 +162,7 @@ def supply_ratio(records: Sequence[StepRecord], ready: Sequence[tuple[object, in
     if len(readings) != len(records) or len(records) < 3:
         return None
     epoch = readings[0][0]
-    if any(r[0] is not epoch for r in readings):
+    if any(r[0] != epoch for r in readings):
         return None
     xs = [r.end for r in records]
     taken = list(itertools.accumulate(r.micro_batches for r in records))

@@ -209,8 +209,8 @@ def test_live_ready_batches_names_the_running_epoch():
     pl.Trainer(max_epochs=2, callbacks=[Probe()], **quiet_trainer_kwargs()).fit(Regressor(), loader)
     assert len(readings) == 16 and all(r is not None and 0 <= r[1] <= 4 for r in readings)
     epochs = [r[0] for r in readings]
-    assert all(e is epochs[0] for e in epochs[:8]) and all(e is epochs[8] for e in epochs[8:])
-    assert epochs[8] is not epochs[0]  # a new epoch is a new token, even with persistent workers
+    assert all(e == epochs[0] for e in epochs[:8]) and all(e == epochs[8] for e in epochs[8:])
+    assert epochs[8] != epochs[0]  # a new epoch is a new token, even with persistent workers
 
 
 class Priority(torch.utils.data.Dataset):

@@ -118,3 +118,29 @@ def test_a_csv_logger_gets_the_plain_runs_rows_when_precision_and_batch_are_trie
     _fit([callback], tmp_path / "tuned")
     assert {w.label.split(":")[0] for w in callback.windows} >= {"batch trial", "precision trial"}
     assert _rows(tmp_path / "tuned") == _rows(tmp_path / "plain")  # same steps, same user metrics, no extra row
+
+
+@pytest.mark.parametrize(("window", "batches"), [(4, 16), (20, 2)], ids=["tuned", "too-short-to-tune"])
+def test_no_loader_iterator_outlives_the_fit(window, batches):
+    """Lightning drops the train loader's iterator at the fit's end, and torch shuts a loader's workers down as its
+    iterator is freed - by reference counting, with no garbage collection in between (Lightning's own
+    ``test_workers_are_shutdown`` counts on it). pipeopt keeps no reference to an iterator: a step's reading of the
+    ready batches names its epoch by number."""
+    import gc
+
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from tests.helpers import Regressor
+
+    gc.collect()
+    gc.disable()
+    try:
+        callback = quiet_pipeopt(tune=("loader", "precision", "batch"), window=window)
+        trainer = pl.Trainer(max_epochs=3, limit_train_batches=batches, callbacks=[callback], **quiet_trainer_kwargs())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Regressor(), DataLoader(SleepyDataset(n=64, delay_s=0.0), batch_size=4, num_workers=1))
+        alive = [o for o in gc.get_objects() if isinstance(o, _BaseDataLoaderIter)]
+    finally:
+        gc.enable()
+    assert alive == []
