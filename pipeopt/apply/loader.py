@@ -362,10 +362,10 @@ class LoaderSwitcher:
         if self.handover is not None:
             self.handover.stream.epoch_over = True
             self.handover.close(keep=_dataloader.cached_iterator(self._installed()))
-            self.handover = None
+            self.handover, self._fixed_epoch = None, None  # no iterator of a past epoch kept alive
 
     def close(self) -> None:
         """End of fit: stop every worker pipeopt started."""
         if self.handover is not None:
             self.handover.close()
-            self.handover = None
+            self.handover, self._fixed_epoch = None, None

@@ -377,3 +377,28 @@ def test_a_fallback_that_fails_too_raises_as_the_users_loader_would():
     assert started.value == 2 + 4 + 2  # the user's loader, the trial's, one fallback: none started after it failed
     switcher.close()
     assert psutil.Process().children() == []
+
+
+def test_an_epochs_iterator_is_not_kept_once_the_epoch_is_over():
+    """The switcher lets go of a past epoch's iterators (Lightning drops them; torch frees their workers with them)."""
+    import gc
+    import weakref
+
+    from pipeopt.apply.loader import LoaderSwitcher
+
+    combined = _Epochs(DataLoader(Indexed(), batch_size=4))  # torch's sequential order: decided ahead
+    switcher = LoaderSwitcher(type("Trainer", (), {"fit_loop": type("Fit", (), {"_combined_loader": combined})})())
+    live = combined.epoch()
+    users = weakref.ref(live[0])
+    flat(itertools.islice(live[0], 2))
+    switcher.switch(MAIN)
+    flat(live[0])
+    switcher.end_of_epoch()
+    gc.disable()  # freed by reference counting, as torch's workers are
+    try:
+        del live
+        combined.epoch()  # the next epoch: Lightning's running iterators are new ones
+        assert users() is None
+    finally:
+        gc.enable()
+        switcher.close()
