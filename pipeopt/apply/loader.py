@@ -260,7 +260,7 @@ class LoaderSwitcher:
 
     def _take_over(self, iterator: Iterator[Any], *, guard: bool = False) -> Handover:
         """A handover beginning with ``iterator``, the running epoch's own. ``guard``: that iterator's failures fall
-        back too (one of pipeopt's DataLoaders: its undelivered batches known)."""
+        back too (one of pipeopt's loaders, a DataLoader or DALI's: its undelivered batches known)."""
         undelivered = _dataloader.undelivered(iterator)  # known for a loader of pipeopt's
         if self.handover is not None:  # a new epoch began: the previous epoch's sources are done
             self.handover.close(keep=iterator)
