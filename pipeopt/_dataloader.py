@@ -10,12 +10,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from typing import Any
-
-from torch.utils.data._utils.pin_memory import pin_memory
-from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
 
 #: Messages torch's DataLoader machinery raises when workers die, hang or run out of shared memory - as opposed to
 #: an exception raised by the user's dataset, which must surface unchanged.
@@ -60,17 +56,13 @@ def give_index_stream(iterator: Any, stream: Iterator[Any]) -> None:
 
 def order_fixed(iterator: Any) -> bool:
     """Whether a running DataLoader iterator's epoch is decided once its first index is drawn (``index_stream_begun``),
-    so that reading its index stream ahead from then on changes nothing (``fixed_order``)."""
-    return fixed_order(getattr(iterator, "_index_sampler", None))
-
-
-def fixed_order(index_sampler: Any) -> bool:
-    """Whether a loader's (batch) sampler decides its epoch once the epoch's first index is drawn: torch's own, exactly
-    - ``RandomSampler`` on a generator of its own (seeded when the epoch's first index is drawn; a generator of the
+    so that reading its index stream ahead from then on changes nothing: torch's own (batch) samplers, exactly -
+    ``RandomSampler`` on a generator of its own (seeded when the epoch's first index is drawn; a generator of the
     user's would be drawn from earlier than without pipeopt), ``SequentialSampler``, ``DistributedSampler`` - under
     torch's ``BatchSampler`` or none. A sampler of the user's may decide as it goes: it is never read ahead."""
     from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
+    index_sampler = getattr(iterator, "_index_sampler", None)
     sampler = index_sampler.sampler if type(index_sampler) is BatchSampler else index_sampler
     if type(sampler) is RandomSampler:
         return sampler.generator is None
@@ -97,45 +89,6 @@ def epoch_positions(iterator: Any) -> list[int] | None:
     if type(sampler) is RandomSampler and (sampler.replacement or length != len(iterator._dataset)):
         return None
     return list(range(length))
-
-
-class ReadAheadIterator(_SingleProcessDataLoaderIter):
-    """torch's iterator of a loader without workers (``num_workers=0``), except that it has the next batch read while
-    the training step runs: as it delivers a batch it draws the next batch's indices and hands them to ``read_ahead``,
-    which starts reading that batch on a thread (the sample store's: ``SampleCache.reader``) and returns its future
-    - or None, where it cannot. A batch read ahead is delivered as it was read (the future's result: the collated
-    batch); one that was not (a result of None: not every item stored) is fetched when it is due, as torch fetches
-    it, in the main thread - the user's code runs only there. Its (batch) sampler is drawn in the main thread only,
-    each batch's indices one batch earlier than torch's iterator draws them: only for samplers whose epoch is decided
-    when it begins (``fixed_order``), for which that changes nothing. The same batches, in the same order, each once;
-    what it drew and did not deliver - the one batch ahead - its sampler may remember (``undelivered``)."""
-
-    def __init__(self, loader: Any, read_ahead: Callable[[Any], Future[Any] | None]) -> None:
-        super().__init__(loader)
-        self._read_ahead = read_ahead
-        self._ahead: tuple[Any, Future[Any] | None] | None = None  # the next batch's indices, and its read
-
-    def _next_data(self) -> Any:
-        if self._ahead is not None:
-            (index, future), self._ahead = self._ahead, None
-            data = None if future is None or future.cancelled() else future.result()
-        else:
-            index, data = self._next_index(), None  # may raise StopIteration
-        if data is None:  # not read ahead: fetched now, as torch fetches it
-            data = self._dataset_fetcher.fetch(index)
-        if self._pin_memory:
-            data = pin_memory(data, self._pin_memory_device)
-        try:
-            following = self._next_index()
-        except StopIteration:  # the epoch's last batch (or its stream was taken: ``take_index_stream``)
-            return data
-        self._ahead = (following, self._read_ahead(following))
-        return data
-
-    def ready_batches(self) -> int:
-        """The batch read ahead, once its read has finished (``ready_batches``)."""
-        future = self._ahead[1] if self._ahead is not None else None
-        return int(future is not None and future.done() and not future.cancelled() and future.result() is not None)
 
 
 def shutdown_iterator(iterator: Any) -> None:

@@ -1,14 +1,12 @@
 """The torch DataLoader seams (pipeopt._dataloader): ready batches counted, failed workers ended at once, which
-samplers' epochs may be read ahead, batches read ahead of the training step, batch memory used again."""
+samplers' epochs may be read ahead, batch memory used again."""
 
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset, default_collate
+from torch.utils.data import DataLoader, TensorDataset
 
 from pipeopt import _dataloader
 
@@ -115,89 +113,6 @@ def test_reading_a_shuffled_epoch_ahead_changes_neither_its_order_nor_the_random
 
     (order, rng), (order_ahead, rng_ahead) = epoch(False), epoch(True)
     assert order_ahead == order and torch.equal(rng_ahead, rng)
-
-
-class _Threads(torch.utils.data.Dataset):
-    """Item i is i; notes the thread each item is made in."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.threads = n, set()
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i):
-        self.threads.add(threading.get_ident())
-        return torch.tensor([i, i * i])
-
-
-class _NotingSampler(torch.utils.data.BatchSampler):
-    """torch's batch sampler, noting the thread each index batch is drawn in."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.threads = set()
-
-    def __iter__(self):
-        for batch in super().__iter__():
-            self.threads.add(threading.get_ident())
-            yield batch
-
-
-def test_a_loader_reading_ahead_delivers_torchs_batches_and_runs_the_samplers_and_the_datasets_code_in_its_thread():
-    """Each batch is read while the one before is in use, by ``read_ahead`` (on another thread), or fetched as torch
-    fetches it where the read gives nothing: the same batches as torch's iterator, in order, each read once, the
-    first fetched; the sampler and the dataset run in the loop's thread only, and the random numbers after the
-    epoch are as without reading ahead."""
-    pool = ThreadPoolExecutor(1)
-    reads = []
-
-    def epoch(reading_ahead):
-        torch.manual_seed(5)
-        data = _Threads(40)
-        sampler = _NotingSampler(torch.utils.data.RandomSampler(data), batch_size=4, drop_last=False)
-        loader = DataLoader(data, batch_sampler=sampler)
-
-        def read(indices):  # not a batch beginning with an odd index: fetched when due
-            reads.append(list(indices))
-            if indices[0] % 2:
-                return None
-            return pool.submit(lambda: default_collate([torch.tensor([i, i * i]) for i in indices]))
-
-        iterator = _dataloader.ReadAheadIterator(loader, read) if reading_ahead else iter(loader)
-        batches = []
-        for batch in iterator:
-            batches.append(batch)
-            torch.rand(2)  # the training step's draws, between the loader's batches
-        return batches, torch.get_rng_state(), sampler.threads | data.threads
-
-    batches, rng, threads = epoch(False)
-    ahead, rng_ahead, threads_ahead = epoch(True)
-    pool.shutdown()
-    assert len(ahead) == len(batches) == 10 and all(torch.equal(a, b) for a, b in zip(ahead, batches))
-    assert reads == [b[:, 0].tolist() for b in batches[1:]]  # every batch but the first, once, in order
-    assert 0 < sum(r[0] % 2 for r in reads) < len(reads)  # some read ahead, some fetched when due
-    assert torch.equal(rng_ahead, rng) and threads_ahead == {threading.get_ident()}
-
-
-def test_a_loader_reading_ahead_counts_its_batch_read_and_delivers_it_once_its_stream_is_taken():
-    from pipeopt.apply.index_stream import ResumingSampler
-
-    pool = ThreadPoolExecutor(1)
-    data = _Threads(32)
-    sampler = ResumingSampler(torch.utils.data.BatchSampler(range(32), 4, False), None, None, remember=1)
-    loader = DataLoader(data, batch_sampler=sampler)
-    iterator = _dataloader.ReadAheadIterator(
-        loader, lambda indices: pool.submit(lambda: default_collate([data[i] for i in indices])))
-    assert next(iterator)[:, 0].tolist() == [0, 1, 2, 3]
-    _wait_for(lambda: _dataloader.ready_batches(iterator) == 1)  # the next batch, read
-    assert _dataloader.undelivered(iterator) == [[4, 5, 6, 7]]  # drawn, not delivered
-    rest = _dataloader.take_index_stream(iterator)
-    assert next(iterator)[:, 0].tolist() == [4, 5, 6, 7]  # what it drew, then nothing more
-    with pytest.raises(StopIteration):
-        next(iterator)
-    assert next(rest) == [8, 9, 10, 11]
-    pool.shutdown()
 
 
 @pytest.mark.parametrize("hold, read", [

@@ -16,12 +16,10 @@ the user's own loader would have made creating its iterator.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from typing import Any, Protocol, cast
 
 import torch
@@ -62,18 +60,12 @@ class GiveWay:
 
 class SwitchedLoader(DataLoader):
     """The DataLoader ``build_loader`` makes: torch's, except that an iterator the training loop starts from it (each
-    new epoch) is made through ``on_epoch`` when set - the switcher's, which guards a trial's from its first batch -
-    and that, without workers, it has each next batch read while the step runs where ``read_ahead`` is set (the
-    sample store's reader: ``_dataloader.ReadAheadIterator``)."""
+    new epoch) is made through ``on_epoch`` when set - the switcher's, which guards a trial's from its first batch."""
 
     on_epoch: Callable[[Callable[[], Any], DataLoader], Iterator[Any]] | None = None
-    read_ahead: Callable[[Any], Future[Any] | None] | None = None
 
     def __iter__(self) -> Any:
-        start: Callable[[], Any] = super().__iter__
-        if self.read_ahead is not None and not self.num_workers:
-            start = functools.partial(_dataloader.ReadAheadIterator, self, self.read_ahead)
-        return start() if self.on_epoch is None else self.on_epoch(start, self)
+        return super().__iter__() if self.on_epoch is None else self.on_epoch(super().__iter__, self)
 
 
 def is_plain(loader: Any) -> bool:
@@ -126,19 +118,17 @@ def build_loader(
     generator: torch.Generator,
     timeout: float | None = None,
     dataset: Any = None,
-    read_ahead: Callable[[Any], Future[Any] | None] | None = None,
 ) -> SwitchedLoader:
     """A DataLoader like ``user`` with ``settings``, continuing ``first`` before its own epochs; reading ``dataset``
     (the user's, wrapped by the sample cache) instead of the user's when given - with ``collate_rows`` for torch's
-    default collate where that dataset reads batches straight into their rows - and, without workers, having each
-    next batch read ahead by ``read_ahead`` when given (``SwitchedLoader``)."""
+    default collate where that dataset reads batches straight into their rows."""
     remember = settings.in_flight  # what the loader may hold undelivered: a switch may take it back
     if user.batch_sampler is not None:
         drawn: dict[str, Any] = {"batch_sampler": ResumingSampler(user.batch_sampler, first, before_epoch,
                                                                   remember=remember)}
     else:  # no automatic batching: the sampler yields single indices
         drawn = {"sampler": ResumingSampler(user.sampler, first, before_epoch, remember=remember), "batch_size": None}
-    loader = cast(SwitchedLoader, loader_like(
+    return cast(SwitchedLoader, loader_like(
         user,
         cls=SwitchedLoader,
         num_workers=settings.num_workers,
@@ -152,8 +142,6 @@ def build_loader(
         **({"collate_fn": _dataloader.collate_rows} if getattr(dataset, "rows", False) else {}),
         **drawn,
     ))
-    loader.read_ahead = read_ahead
-    return loader
 
 
 def user_epoch_draw(user: DataLoader, private: torch.Generator) -> Callable[[], None] | None:
@@ -187,13 +175,12 @@ def start_loader(
     generator: torch.Generator,
     timeout: float | None,
     dataset: Any = None,
-    read_ahead: Callable[[Any], Future[Any] | None] | None = None,
 ) -> tuple[Iterator[Any], SwitchedLoader]:
     """Build a loader like ``user`` with ``settings`` that continues ``first``, and start its iterator - leaving the
     user's RNG untouched and its workers outside torch's SIGCHLD watch (a death surfaces in ``next()``)."""
     with torch.random.fork_rng(devices=[]), trial_workers():
         loader = build_loader(user, settings, first=first, before_epoch=user_epoch_draw(user, generator),
-                              generator=generator, timeout=timeout, dataset=dataset, read_ahead=read_ahead)
+                              generator=generator, timeout=timeout, dataset=dataset)
         iterator = iter(loader)
         _dataloader.detach_worker_watch(iterator)
     return iterator, loader
@@ -253,14 +240,12 @@ class LoaderSwitcher:
                 raise ValueError(f"{settings.describe()} needs a DALI source; none was given to the switcher")
             iterator, loader = self._dali.start(self.user, settings.dali, first=stream, generator=self._generator)
         else:
-            dataset, read_ahead = None, None
+            dataset = None
             if self.cache is not None:  # whole items are read a batch at a time where torch's collate makes the batch
                 rows = self.user.batch_sampler is not None and _dataloader.is_default_collate(self.user.collate_fn)
                 dataset = self.cache.dataset(read=settings.cache, rows=rows)
-                if not settings.num_workers and _dataloader.fixed_order(self.user.batch_sampler):
-                    read_ahead = self.cache.reader(dataset)  # (None unless it reads whole batches, no user code)
             iterator, loader = start_loader(self.user, settings, first=stream, generator=self._generator,
-                                            timeout=timeout, dataset=dataset, read_ahead=read_ahead)
+                                            timeout=timeout, dataset=dataset)
         loader.on_epoch = self._epoch_iterator  # from here on: the iterators the training loop starts
         return iterator, loader
 

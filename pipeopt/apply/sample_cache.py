@@ -27,7 +27,6 @@ import operator
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,7 +34,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from pipeopt import _dataloader
 from pipeopt._torchvision import flatten, folder_class, is_transform, unwrap_subsets
 from pipeopt.apply.sample_store import SampleStore, decode, encode
 
@@ -72,11 +70,6 @@ class FolderSplit:
         """Nothing but the ``target_transform`` is left to do per sample after the store."""
         return not self.rest
 
-    @property
-    def finished_by_pipeopt(self) -> bool:
-        """``finish`` runs none of the user's code: nothing is left after the store, not even a ``target_transform``."""
-        return not self.rest and self.folder.target_transform is None
-
     def finish(self, image: Any, i: int) -> Any:
         for t in self.rest:
             image = t(image)
@@ -95,7 +88,6 @@ class WholeSplit:
     """Any map-style dataset shown deterministic: the whole item is cached."""
 
     whole = True  # nothing is left to do per sample after the store
-    finished_by_pipeopt = True  # ``finish`` runs none of the user's code
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -240,28 +232,14 @@ class CachedDataset(Dataset):
         straight into one tensor per field of the batch (``SampleStore.get_rows``: ``_dataloader.collate_rows`` hands
         it on without stacking); any other batch is read item by item."""
         positions = [self._position(i) for i in indices]
-        items = self._rows(positions)
-        return items if items is not None else [self[i] for i in positions]
-
-    @property
-    def reads_ahead(self) -> bool:
-        """Whole batches can be read from the store off the training loop's thread (``read_rows``): items read a batch
-        at a time, finished by pipeopt's code alone."""
-        return self.rows and self.split.finished_by_pipeopt
-
-    def read_rows(self, indices: list[int]) -> list[Any] | None:
-        """A batch's items read straight from the store (as ``__getitems__`` reads them) - or None where that would
-        take any of the user's code (an item not stored, a ``target_transform``): safe to call from any thread."""
-        return self._rows([self._position(i) for i in indices]) if self.reads_ahead else None
-
-    def _rows(self, positions: list[int]) -> list[Any] | None:
-        if not self.rows or self.broken:
-            return None
-        try:
-            items = self.store.get_rows(positions)
-        except Exception:  # the store cannot be read: made as without it, from now on
-            self.broken, items = True, None
-        return None if items is None else [self.split.finish(item, i) for item, i in zip(items, positions)]
+        if self.rows and not self.broken:
+            try:
+                items = self.store.get_rows(positions)
+            except Exception:  # the store cannot be read: made as without it, from now on
+                self.broken, items = True, None
+            if items is not None:
+                return [self.split.finish(item, i) for item, i in zip(items, positions)]
+        return [self[i] for i in positions]
 
     def _position(self, i: Any) -> int:
         i = operator.index(i)
@@ -304,50 +282,16 @@ class SampleCache:
     def __init__(self, split: Split, store: SampleStore, *, keep: bool = False) -> None:
         self.split, self.store, self.keep = split, store, keep
         self.on_close: list[Callable[[], None]] = []  # work that fills the store, stopped before it goes
-        self._reading: ThreadPoolExecutor | None = None  # the thread that reads batches ahead (``reader``)
-        self._closed = False
 
     def dataset(self, *, read: bool, rows: bool = False) -> CachedDataset:
         return CachedDataset(self.split, self.store, read=read, rows=rows)
 
-    def reader(self, dataset: CachedDataset) -> Callable[[list[int]], Future[Any] | None] | None:
-        """What reads a batch of ``dataset`` ahead (``_dataloader.ReadAheadIterator``): given its indices, the future
-        of the batch read straight from the store and collated on a thread of the store's (one for the fit, so that
-        reads never overlap; the copy runs outside the GIL, beside the training step) - a result of None where the
-        batch is not all stored; None once the cache is closed. None where ``dataset`` cannot be read ahead (its
-        items are not read a batch at a time, or finishing them runs the user's code)."""
-        if not dataset.reads_ahead:
-            return None
-
-        def submit(indices: list[int]) -> Future[Any] | None:
-            if self._closed:
-                return None
-            if self._reading is None:
-                self._reading = ThreadPoolExecutor(1, thread_name_prefix="pipeopt-read-ahead")
-            return self._reading.submit(_read_batch, dataset, indices)
-
-        return submit
-
     def close(self) -> None:
-        """The fit is over: what still reads or fills the store stops, and the store is deleted, unless it is to be
-        kept for a rerun."""
-        self._closed = True
-        if self._reading is not None:
-            self._reading.shutdown(wait=True, cancel_futures=True)  # a read under way ends before the store closes
-            self._reading = None
+        """The fit is over: what still fills the store stops, and the store is deleted, unless it is to be kept for a
+        rerun."""
         while self.on_close:
             self.on_close.pop()()
         if self.keep:
             self.store.close()
         else:
             self.store.remove()
-
-
-def _read_batch(dataset: CachedDataset, indices: list[int]) -> Any:
-    """The batch of ``indices`` read from the store and collated as torch's default collate does, or None (not all
-    stored; or anything went wrong: the batch is then fetched as without the read, when it is due)."""
-    try:
-        items = dataset.read_rows(indices)
-        return None if items is None else _dataloader.collate_rows(items)
-    except Exception:
-        return None

@@ -33,7 +33,6 @@ import pickle
 import shutil
 import struct
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -178,7 +177,6 @@ class SampleStore:
         self.budget_bytes = int.from_bytes(header_bytes[8 * _BUDGET:8 * _BUDGET + 8], "little", signed=True)
         self._pid: int | None = None
         self._files: _Files | None = None
-        self._reading = threading.Lock()  # held by a batch read (``get_rows``) and by ``close``: they never overlap
         self._batches = _dataloader.BatchBuffers()  # the memory of the batches get_rows reads, used again
         # The data file's bytes up to here are mapped into this process, or were stored before it opened the store
         # (a kept store, reopened: ``map_in_stored`` maps what is stored from now on)
@@ -198,14 +196,12 @@ class SampleStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _pid=None, _files=None, _alive=None, _batches=_dataloader.BatchBuffers(),
-                             _mapped_to=0, _reading=threading.Lock())
+                             _mapped_to=0)
 
     def _open(self) -> _Files:
         """This process's view of the store's files (opened on first use in each process)."""
         files = self._files
         if files is None or self._pid != os.getpid():  # a view inherited across a fork: never used nor closed here
-            if self._pid is not None and self._pid != os.getpid():  # forked: the parent's lock may have been held
-                self._reading = threading.Lock()
             files = self._files = _Files.open(self.directory)
             self._pid = os.getpid()
         return files
@@ -228,15 +224,10 @@ class SampleStore:
         The records' offsets and frames are read for the whole batch at once; a record that is its tensor alone
         (a cached image) is not unpickled again when its pickle is the first one's: the item is its row. None when
         one of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
-        dtype or shape differs between them): the caller reads them one by one. Thread-safe: one batch read at a
-        time (the store's thread reads the next batch ahead while the training loop's may read one too)."""
+        dtype or shape differs between them): the caller reads them one by one."""
         if not positions:
             return []
         files = self._open()
-        with self._reading:
-            return self._read_rows(files, positions)
-
-    def _read_rows(self, files: _Files, positions: Sequence[int]) -> list[Any] | None:
         index, data = files.arrays()
         slots = _HEADER + 2 * np.asarray(positions, dtype=np.int64)
         if not index[slots + 1].all():  # (the length first: it is published after the offset)
@@ -356,8 +347,7 @@ class SampleStore:
 
     def close(self) -> None:
         if self._pid == os.getpid() and self._files is not None:
-            with self._reading:  # not under a batch read of another thread
-                self._files.close()
+            self._files.close()
         if self._alive is not None and self._alive[0] == os.getpid():  # a forked copy leaves it to its owner
             os.close(self._alive[1])
             self._alive = None

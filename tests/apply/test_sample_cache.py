@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import random
 import sys
-import threading
 import time
 
 import numpy as np
@@ -505,41 +504,3 @@ def test_only_whole_items_are_read_a_batch_at_a_time():
     assert not CachedDataset(split, store, read=False, rows=True).rows  # a filling loader makes each item
     split.whole = False  # e.g. a random crop left per sample after the store
     assert not CachedDataset(split, store, read=True, rows=True).rows
-
-
-class MadeWhere(Counted):
-    """Counted, noting the thread each item is made in."""
-
-    def __init__(self, n: int = 64) -> None:
-        super().__init__(n)
-        self.threads: set[int] = set()
-
-    def __getitem__(self, i: int):
-        self.threads.add(threading.get_ident())
-        return super().__getitem__(i)
-
-
-def test_a_loader_reading_batches_ahead_reads_them_on_the_stores_thread_and_never_runs_the_users_code_there(tmp_path):
-    """The cache's reader reads whole stored batches on a thread of the store's, beside the training loop; a batch
-    with an item not stored is left to the loop's thread, which makes it as before: every batch equals torch's, the
-    dataset runs in the loop's thread only, and the reader's thread ends when the cache closes."""
-    dataset = MadeWhere()
-    cache = SampleCache(plan(dataset), SampleStore(tmp_path / "s", len(dataset), 1 << 20))
-    for i in range(48):  # the last 16 items are not stored yet
-        cache.dataset(read=False).fill(i)
-    reader = cache.dataset(read=True, rows=True)
-    read_ahead = cache.reader(reader)
-    assert read_ahead is not None and cache.reader(cache.dataset(read=True)) is None  # item by item: not ahead
-    loader = DataLoader(reader, batch_size=8, collate_fn=_dataloader.collate_rows)
-    made = dataset.made
-    batches = list(_dataloader.ReadAheadIterator(loader, read_ahead))
-    assert [t.name for t in threading.enumerate() if t.name.startswith("pipeopt-read-ahead")]
-    plain = list(DataLoader(dataset, batch_size=8))
-    assert len(batches) == len(plain) == 8
-    assert all(torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"]) and a["name"] == b["name"]
-               for a, b in zip(batches, plain))
-    assert dataset.made - made == 16 + 64  # the 16 not stored, made once (then the 64 of the plain loader)
-    assert dataset.threads == {threading.get_ident()}
-    cache.close()
-    assert read_ahead([0, 1]) is None  # closed: nothing read ahead
-    assert not [t for t in threading.enumerate() if t.name.startswith("pipeopt-read-ahead")]

@@ -52,16 +52,13 @@ def fit(callbacks, dataset, *, epochs=5, seed=3, collate_fn=None, **loader):
 
 
 class Collates(pl.Callback):
-    """The collate function of the train loader each epoch ended with, and whether it read batches ahead."""
+    """The collate function of the train loader each epoch ended with."""
 
     def __init__(self) -> None:
         self.seen: list[object] = []
-        self.read_ahead: list[bool] = []
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        loader = _lightning.train_combined_loader(trainer).flattened[0]
-        self.seen.append(loader.collate_fn)
-        self.read_ahead.append(getattr(loader, "read_ahead", None) is not None)
+        self.seen.append(_lightning.train_combined_loader(trainer).flattened[0].collate_fn)
 
 
 def users_collate(batch):
@@ -84,11 +81,8 @@ def test_a_kept_cache_serves_items_from_the_store_and_the_weights_are_bit_identi
     CountingDataset.made = 0
     callback, collates = quiet_pipeopt(tune=("cache",), report_dir=tmp_path, cache=False), Collates()
     tuned, _ = fit([callback, collates], data, collate_fn=collate_fn)
-    # whole items are read a batch at a time only where torch's collate made the user's batches - and then, in the
-    # main process, each batch is read ahead of its step, on the store's thread, which ends with the fit
+    # whole items are read a batch at a time only where torch's collate made the user's batches
     assert collates.seen[-1] is (_dataloader.collate_rows if collate_fn is None else users_collate)
-    assert collates.read_ahead[-1] is (collate_fn is None)
-    assert not [t for t in threading.enumerate() if t.name.startswith("pipeopt-read-ahead")]
     report = callback.report
     assert [c.knob for c in report.changes] == ["cache"]
     assert tuned.seen == plain.seen
