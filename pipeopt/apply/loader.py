@@ -191,10 +191,11 @@ class LoaderSource(Protocol):
     for settings with ``dali`` set. It gives the same batches in the same order - the user's batch sampler,
     continuing ``first`` (the running epoch's remaining index batches) - and makes the draw from ``generator`` the
     user's loader makes at each later epoch. Its loader starts each later epoch's iterator through ``on_epoch``
-    once the switcher sets it (``SwitchedLoader``'s protocol)."""
+    once the switcher sets it (``SwitchedLoader``'s protocol). Settings with ``cache`` too give it the sample
+    cache's dataset (``cache``): it is fed what the store holds instead of the files."""
 
-    def start(self, user: DataLoader, device: str, *, first: Iterator[Any],
-              generator: torch.Generator) -> tuple[Iterator[Any], Any]: ...
+    def start(self, user: DataLoader, device: str, *, first: Iterator[Any], generator: torch.Generator,
+              cache: CachedDataset | None = None) -> tuple[Iterator[Any], Any]: ...
 
 
 def live_ready_batches(trainer: Any) -> tuple[object, int] | None:
@@ -238,7 +239,9 @@ class LoaderSwitcher:
         if settings.dali:
             if self._dali is None:
                 raise ValueError(f"{settings.describe()} needs a DALI source; none was given to the switcher")
-            iterator, loader = self._dali.start(self.user, settings.dali, first=stream, generator=self._generator)
+            cache = self.cache.dataset(read=True) if settings.cache and self.cache is not None else None
+            iterator, loader = self._dali.start(self.user, settings.dali, first=stream, generator=self._generator,
+                                                cache=cache)
         else:
             dataset = None
             if self.cache is not None:  # whole items are read a batch at a time where torch's collate makes the batch

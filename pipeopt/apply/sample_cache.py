@@ -35,13 +35,15 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from pipeopt._torchvision import flatten, folder_class, is_transform, unwrap_subsets
-from pipeopt.apply.sample_store import SampleStore, decode, encode
+from pipeopt.apply.sample_store import SampleStore, decode, encode, image_array
 
 #: torchvision transforms that draw no random numbers and give the same output for the same input.
 DETERMINISTIC = frozenset({"Resize", "CenterCrop", "Grayscale", "PILToTensor", "ToImage", "ToPILImage", "ToTensor",
                            "ToDtype", "ConvertImageDtype", "Normalize"})
 #: Where the cached part stops at the latest: these make float pixels (4x the bytes of the uint8 ones before them).
 TO_FLOAT = frozenset({"ToTensor", "ToDtype", "ConvertImageDtype", "Normalize"})
+#: Cached steps DALI can go on from: fed the stored images, its pipeline runs the rest of the chain (``dali_reads``).
+DALI_GOES_ON = frozenset({"Resize", "CenterCrop"})
 #: Items made twice in the determinism check (spread over the dataset).
 CHECKED_ITEMS = 3
 _MISSING = object()  # not in the store
@@ -182,6 +184,16 @@ def deterministic(make: Callable[[int], Any], positions: Sequence[int]) -> tuple
     return None, digest.digest()
 
 
+def dali_reads(split: Split) -> int | None:
+    """How many of the chain's first steps the stored images went through, where DALI can be fed them instead of the
+    files and run the rest (a random crop, a flip, the float conversion) - no decode: an ``ImageFolder`` split with a
+    random step left whose cached steps are only ``Resize`` and ``CenterCrop`` (the store holds the PIL images, the
+    first steps of DALI's recipe too). None where it cannot."""
+    if not isinstance(split, FolderSplit) or split.whole:
+        return None
+    return len(split.cached) if all(type(t).__name__ in DALI_GOES_ON for t in split.cached) else None
+
+
 def check_positions(length: int) -> list[int]:
     """The items the determinism check makes: the first, the middle and the last."""
     return sorted({0, length // 2, length - 1})[:CHECKED_ITEMS]
@@ -240,6 +252,27 @@ class CachedDataset(Dataset):
             if items is not None:
                 return [self.split.finish(item, i) for item, i in zip(items, positions)]
         return [self[i] for i in positions]
+
+    def image(self, i: int) -> np.ndarray:
+        """Item ``i``'s cached part, an image, as a height x width x 3 uint8 RGB array (what DALI's pipeline is fed):
+        a view of the store's bytes (no copy: valid while the store is open), else made - and stored - on a miss. A
+        cached part that is not a PIL image raises ``TypeError``."""
+        try:
+            raw = None if self.broken else self.store.view(i)
+            array = image_array(raw) if raw is not None else None
+        except Exception:  # the store cannot be read: made as without it, from now on
+            self.broken, raw, array = True, None, None
+        if array is not None:
+            return array
+        if raw is not None:
+            part = decode(raw)
+        else:
+            part = self.split.make(i)  # the user's code: its exceptions are the user's
+            self._keep(i, part)
+        if not callable(getattr(part, "convert", None)):
+            raise TypeError(f"the dataset's loader gave a {type(part).__name__}, not a PIL image: DALI cannot be fed "
+                            "it from the sample cache")
+        return np.asarray(part if part.mode == "RGB" else part.convert("RGB"))
 
     def _position(self, i: Any) -> int:
         i = operator.index(i)

@@ -133,8 +133,11 @@ class _Files:
         self._bytes = self._arrays = None  # before the maps close: the tensor and the arrays hold views of them
         self.index.release()
         self.data.release()
-        self._index_map.close()
-        self._data_map.close()
+        for mapped in (self._index_map, self._data_map):
+            try:
+                mapped.close()
+            except BufferError:  # a record's view (``SampleStore.view``) is still alive: the map is unmapped with it
+                pass
         self._index_file.close()
         os.close(self.data_fd)
         os.close(self.lock_fd)
@@ -215,6 +218,14 @@ class SampleStore:
         if not length:
             return None
         return bytearray(files.data[offset:offset + length])
+
+    def view(self, position: int) -> memoryview | None:
+        """The bytes stored for ``position`` where they lie in the mapped data file (read-only, no copy), or None.
+        Valid while this store is open: copy what is to be kept (DALI's ``feed_input`` does)."""
+        files = self._open()
+        slot = _HEADER + 2 * position
+        length, offset = files.index[slot + 1], files.index[slot]
+        return files.data[offset:offset + length] if length else None
 
     def get_rows(self, positions: Sequence[int]) -> list[Any] | None:
         """The items stored at ``positions``, each tensor in them copied straight from the store into its row of one
@@ -456,10 +467,30 @@ def _subclass(tensor: torch.Tensor, cls: type, attrs: dict[str, Any] | None) -> 
     return tensor
 
 
+def _image(mode: str, size: tuple[int, int], raw: Any, info: dict[Any, Any]) -> Any:
+    """A PIL image of ``mode`` and ``size`` with the pixels ``raw`` (copied: PIL keeps them in its own layout) and
+    ``info``, as PIL's own unpickling makes it."""
+    from PIL import Image
+
+    image = Image.frombytes(mode, size, raw)
+    image.info = info
+    return image
+
+
+def _image_array(mode: str, size: tuple[int, int], raw: Any, info: dict[Any, Any]) -> np.ndarray | None:
+    """``_image``'s pixels as a height x width x 3 uint8 array over ``raw`` (no copy), for an RGB image; else None."""
+    return np.frombuffer(raw, dtype=np.uint8).reshape(size[1], size[0], 3) if mode == "RGB" else None
+
+
+#: PIL image modes whose pixels ``Image.tobytes`` gives in full (no palette): stored as raw bytes, out of band.
+_RAW_MODES = frozenset({"RGB", "L", "RGBA"})
+
+
 class _Pickler(pickle.Pickler):
     """Plain pickle, except that a dense CPU tensor (of a subclass too) is stored as its dtype, shape and raw bytes
     (and its class and attributes): torch's own pickling writes a small archive per tensor, several times slower
-    for a sample, and not the same bytes twice."""
+    for a sample, and not the same bytes twice. A plain PIL image of mode RGB, L or RGBA is stored as its mode, size,
+    info and raw pixels - out of band, so that DALI can be fed them straight from the store (``image_array``)."""
 
     def reducer_override(self, obj: Any) -> Any:
         if (isinstance(obj, torch.Tensor) and obj.layout is torch.strided and obj.device.type == "cpu"
@@ -469,7 +500,19 @@ class _Pickler(pickle.Pickler):
             extra = (type(obj), dict(obj.__dict__)) if type(obj) is not torch.Tensor else ()
             raw = pickle.PickleBuffer(flat.view(torch.uint8).numpy().data) if flat.numel() else b""
             return _tensor, (str(flat.dtype).removeprefix("torch."), tuple(obj.shape), raw, *extra)
+        pil = sys.modules.get("PIL.Image")
+        if pil is not None and type(obj) is pil.Image and obj.mode in _RAW_MODES:
+            return _image, (obj.mode, obj.size, pickle.PickleBuffer(obj.tobytes()), dict(obj.info))
         return NotImplemented
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles a record's PIL image as its pixels' array (``_image_array``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_image":
+            return _image_array
+        return super().find_class(module, name)
 
 
 #: A record: this frame (how many out-of-band buffers, the pickle's length), each buffer's length, the pickle, then
@@ -505,7 +548,25 @@ def encode(obj: Any) -> bytes:
     return bytes(record)
 
 
-def decode(record: bytes | bytearray) -> Any:
+def image_array(record: bytes | bytearray | memoryview) -> np.ndarray | None:
+    """The RGB image a record holds (as ``encode`` stores a PIL image) as a height x width x 3 uint8 array over the
+    record's own bytes - no copy: read-only where the record is, and valid as long as it is; None when the record
+    holds something else (another mode, a tensor, an image stored by PIL's own pickling)."""
+    view = memoryview(record)
+    count, length = _FRAME.unpack_from(view)
+    if count != 1:
+        return None
+    (size,) = struct.unpack_from("<Q", view, _FRAME.size)
+    at = _FRAME.size + 8
+    buffer = view[_buffer_starts(at + length, [size])[0]:][:size]
+    try:
+        image = _ArrayUnpickler(io.BytesIO(view[at:at + length]), buffers=[buffer]).load()
+    except Exception:  # a buffer of something else (a tensor's, an array's): not an image
+        return None
+    return image if isinstance(image, np.ndarray) else None
+
+
+def decode(record: bytes | bytearray | memoryview) -> Any:
     """The object ``encode`` made ``record`` from. A writable record (``SampleStore.get``'s) is lent to the tensors
     and arrays made: they share its memory - each read is a buffer of its own - and nothing is copied again (a
     read-only one is copied once, so that what is made is writable, as the user's own items are)."""

@@ -19,7 +19,7 @@ import psutil
 from pipeopt import _lightning
 from pipeopt.apply.backfill import Backfill
 from pipeopt.apply.loader import LoaderSwitcher, unsupported
-from pipeopt.apply.sample_cache import SampleCache, Split, fingerprint, plan, refusal
+from pipeopt.apply.sample_cache import SampleCache, Split, dali_reads, fingerprint, plan, refusal
 from pipeopt.apply.sample_store import SLOTS, SampleStore, StoreStats, sweep
 from pipeopt.callbacks.loader_start import epoch_steps, rank_cpus, steps_left
 from pipeopt.config import PipeOptConfig
@@ -50,7 +50,7 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     user's is called here: the dataset is checked, and the store made, only when pipeopt first switches loaders -
     on every rank at the same step - because the run is input-bound (``prepare``)."""
     resuming = restored is not None and "cache" in restored
-    split = _cacheable(trainer, short=None if resuming else short, more_epochs=more_epochs or resuming)
+    split = _cacheable(trainer, switcher, short=None if resuming else short, more_epochs=more_epochs or resuming)
     if isinstance(split, str):
         return split
     switcher = switcher or LoaderSwitcher(trainer)
@@ -94,14 +94,26 @@ def start_cache_session(trainer: Any, config: PipeOptConfig, meter: WindowMeter,
     session = CacheSession(switcher, windows=windows, warm=warm, fills=lambda: switcher.fills, agree=agree,
                            say=said, prepare=prepare, alone_first=split.whole, quiet=ahead.quiet,
                            max_workers=_most_workers(trainer, config, agree), making_ahead=ahead.running,
-                           to_warm=lambda: steps_to_warm(trainer, made["epoch"]))
+                           to_warm=lambda: steps_to_warm(trainer, made["epoch"]),
+                           dali_reads=dali_reads(split) is not None)
     switcher.before_first_switch = session.prepare  # the loader search's first trial, or the cache's own switch
     if resuming and restored is not None:
-        session.restore(LoaderSettings(**restored["cache"]) if restored["cache"] else None)
+        _restore(session, switcher, restored["cache"])
     if not split.whole:  # a random transform leaves work per sample: the loader search goes on (workers share it)
         return CacheStart(session, switcher, lambda: False, lambda: None)
     return CacheStart(session, switcher, held_enough, lambda: steps_to_read(
         trainer, switcher.cache, made["epoch"], per_epoch, _batch_samples(trainer, user, len(split))))
+
+
+def _restore(session: CacheSession, switcher: LoaderSwitcher, kept: dict[str, Any] | None) -> None:
+    """Resume with the cache setting a checkpoint's tuning kept (None: not the cache) - DALI fed from the store only
+    where the loader search restored DALI here (it is not where DALI is not installed, or not tuned, now)."""
+    settings = LoaderSettings(**kept) if kept else None
+    if settings is not None and settings.dali and switcher.current.dali != settings.dali:
+        session.outcome.notes.append("the checkpoint's tuning kept DALI fed from the sample cache; DALI is not in "
+                                     "place here: the cache is tuned afresh")
+    else:
+        session.restore(settings)
 
 
 @dataclass(frozen=True)
@@ -163,20 +175,22 @@ def steps_to_warm(trainer: Any, made_in: int) -> int:
     return max(0, per_epoch - _lightning.batches_this_epoch(trainer) // max(1, trainer.accumulate_grad_batches))
 
 
-def _cacheable(trainer: Any, *, short: str | None, more_epochs: bool) -> Split | str:
-    """How the train loader's dataset's items would split - or why the cache cannot run (nothing is fetched)."""
+def _cacheable(trainer: Any, switcher: LoaderSwitcher | None, *, short: str | None, more_epochs: bool) -> Split | str:
+    """How the train loader's dataset's items would split - or why the cache cannot run (nothing is fetched): the
+    user's own loader's, where the loader search has a switcher (which may have put DALI in place, on resume)."""
     combined = _lightning.train_combined_loader(trainer)
     flattened = list(combined.flattened) if combined is not None else []
     if len(flattened) != 1:
         return f"the fit has {len(flattened)} train loaders; pipeopt caches the samples of a single one"
-    reason = unsupported(flattened[0])
+    loader = switcher.user if switcher is not None else flattened[0]
+    reason = unsupported(loader)
     if reason is not None:
         return reason
     if short is not None:
         return short
     if not more_epochs:
         return "a sample cache pays from the second epoch on, and this fit ends in its first"
-    return plan(flattened[0].dataset)
+    return plan(loader.dataset)
 
 
 def _in_memory(config: PipeOptConfig) -> bool:

@@ -45,13 +45,20 @@ class DaliLoader:
         prefetch: batches fed ahead (>= 1).
         before_epoch: called at every ``iter()`` before the sampler is - where a DataLoader would draw its workers'
             base seed, so that the RNG stream, and the next shuffle, are what the DataLoader's would be.
+        images: instead of the files, DALI is fed ``images(i)`` for each index ``i`` - the image already decoded
+            (height x width x 3 uint8 RGB) and put through the recipe's first ``decoded`` geometric steps (pipeopt's
+            sample cache: ``CachedDataset.image``); ``device="cpu"`` only.
     """
 
     def __init__(self, recipe: Recipe, batch_sampler: Iterable[Any], *, device: str = "cpu",
                  device_id: int | None = None, num_threads: int = 1, seed: int = 0, prefetch: int = PREFETCH,
-                 before_epoch: Callable[[], Any] | None = None) -> None:
+                 before_epoch: Callable[[], Any] | None = None, images: Callable[[int], np.ndarray] | None = None,
+                 decoded: int = 0) -> None:
         if device not in pipeline.DEVICES:
             raise ValueError(f"DaliLoader(device={device!r}) is not valid. Expected one of {pipeline.DEVICES}.")
+        if images is not None and device != "cpu":
+            raise ValueError(f"DaliLoader(device={device!r}, images=...): decoded images are fed to DALI's CPU "
+                             "backend only. Use device='cpu'.")
         if device == "mixed" and not torch.cuda.is_available():
             raise ValueError("DaliLoader(device='mixed') decodes on a GPU, and torch sees none here. Use "
                              "device='cpu'.")
@@ -72,6 +79,7 @@ class DaliLoader:
         self.seed = int(seed) % (2**31 - 1)
         self.prefetch = prefetch
         self._before_epoch = before_epoch
+        self._images, self._decoded = images, (decoded if images is not None else None)
         self._labels = torch.tensor([label for _, label in recipe.samples], dtype=torch.int64)
         self._pipe: Any = None
         self._pipe_batch = 0
@@ -108,7 +116,8 @@ class DaliLoader:
             self._pipe = None
             self._pipe_batch = max(size, _batch_size(self.batch_sampler) or 0)
             self._pipe = pipeline.build(self.recipe, batch_size=self._pipe_batch, device=self.device,
-                                        device_id=self.device_id, num_threads=self.num_threads, seed=self.seed)
+                                        device_id=self.device_id, num_threads=self.num_threads, seed=self.seed,
+                                        decoded=self._decoded)
         return self._pipe
 
     def _broken(self) -> None:
@@ -124,7 +133,10 @@ class DaliLoader:
             except Exception:  # a broken pipeline is rebuilt by the next epoch
                 self._broken()
 
-    def _encoded(self, indices: list[int]) -> list[np.ndarray]:
+    def _inputs(self, indices: list[int]) -> list[np.ndarray]:
+        """What the pipeline is fed for ``indices``: each file's bytes, or its decoded image (``images``)."""
+        if self._images is not None:
+            return [self._images(i) for i in indices]
         return [np.fromfile(self.recipe.samples[i][0], dtype=np.uint8) for i in indices]
 
 
@@ -172,7 +184,7 @@ class DaliIterator(Iterator[Any]):
                     self._indices = itertools.chain([indices], self._indices)
                     return
                 pipe = loader._pipeline(len(indices))
-                pipe.feed_input(pipeline.ENCODED, loader._encoded(indices))
+                pipe.feed_input(pipeline.ENCODED, loader._inputs(indices))
                 pipe.schedule_run()
             except Exception as err:
                 self._fail(err)

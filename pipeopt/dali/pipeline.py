@@ -52,11 +52,15 @@ def missing() -> str | None:
 
 
 def build(recipe: Recipe, *, batch_size: int, device: str, device_id: int | None, num_threads: int,
-          seed: int) -> Any:
+          seed: int, decoded: int | None = None) -> Any:
     """A built DALI pipeline for ``recipe`` taking up to ``batch_size`` files per run. Its caller schedules runs
-    ahead itself (one ``schedule_run`` per fed batch), so DALI's own prefetch queue is one deep."""
+    ahead itself (one ``schedule_run`` per fed batch), so DALI's own prefetch queue is one deep. ``decoded``: it is
+    fed images already decoded (height x width x 3 uint8 RGB, from pipeopt's sample cache) and put through the
+    recipe's first ``decoded`` geometric steps, and runs the rest (on the CPU only)."""
     if device not in DEVICES:
         raise ValueError(f"DALI device {device!r} is not one of {DEVICES}")
+    if decoded is not None and device != "cpu":
+        raise ValueError("a DALI pipeline fed decoded images runs on the CPU (device='cpu')")
     import nvidia.dali as dali
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
@@ -65,17 +69,20 @@ def build(recipe: Recipe, *, batch_size: int, device: str, device_id: int | None
 
     @dali.pipeline_def
     def graph() -> Any:
-        encoded = fn.external_source(name=ENCODED, dtype=types.UINT8, ndim=1)
         steps = list(recipe.geometry)
         decoder = {"device": device, "output_type": types.RGB, "adjust_orientation": False}  # as PIL: EXIF ignored
         first = steps[0] if steps else None
-        if isinstance(first, RandomResizedCrop):  # decode only the crop window
+        if decoded is not None:
+            images = fn.external_source(name=ENCODED, dtype=types.UINT8, ndim=3, layout="HWC")
+            steps = steps[decoded:]
+        elif isinstance(first, RandomResizedCrop):  # decode only the crop window
+            encoded = fn.external_source(name=ENCODED, dtype=types.UINT8, ndim=1)
             images = fn.decoders.image_random_crop(encoded, random_area=list(first.scale),
                                                    random_aspect_ratio=list(first.ratio), num_attempts=10, **decoder)
             images = fn.resize(images, resize_x=first.width, resize_y=first.height, interp_type=interp[first.interp])
             steps = steps[1:]
         else:
-            images = fn.decoders.image(encoded, **decoder)
+            images = fn.decoders.image(fn.external_source(name=ENCODED, dtype=types.UINT8, ndim=1), **decoder)
         for step in steps:
             if isinstance(step, ResizeShorter):
                 extra = {"max_size": step.max_size} if step.max_size else {}

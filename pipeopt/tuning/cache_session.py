@@ -21,7 +21,10 @@ run:
    (taking that away could not beat the noise floor) - pooled windows that say so are confirmed by a window measured
    now (the host may have run the step slower while they were measured); the user's own settings under 10 % (the
    loader search's before-window) skip the whole session (``begin``);
-2. a trial reading from the store with the same workers (at most ``max_workers``, one per CPU where the store is in
+2. under DALI on the CPU, where DALI can be fed the stored images (``dali_reads``: decoded, a random step still to
+   come), first a trial of DALI reading the store - no decode left (``first_trial``); then, as below, unless the loop
+   no longer waits;
+   a trial reading from the store with the same workers (at most ``max_workers``, one per CPU where the store is in
    memory: what is left per sample is CPU work then; workers beyond the CPUs hid a latency the store removed;
    ``capped``) - giving way to the training process (below its CPU priority: ``apply.loader.GiveWay``), as every
    cached trial's workers do until the last: with little left to do per sample, they take the CPU time the step
@@ -124,14 +127,16 @@ class CacheSession:
     """Fed windows (``on_window``) and step ends (``on_step_end``) once ``begin()`` was called."""
 
     def __init__(self, switcher: Switcher, *, windows: TrialWindows, warm: Callable[[], bool],
-                 fills: Callable[[], bool], agree: ReduceMax = lambda values: values, floor: float = DEFAULT_FLOOR,
-                 say: Callable[[str], None] = lambda line: None, prepare: Callable[[], str | None] = lambda: None,
+                 fills: Callable[[], bool], agree: ReduceMax = lambda v: v, floor: float = DEFAULT_FLOOR,
+                 say: Callable[[str], None] = lambda _: None, prepare: Callable[[], str | None] = lambda: None,
                  alone_first: bool = False, to_warm: Callable[[], int] = lambda: 0, max_workers: int | None = None,
-                 quiet: Callable[[], bool] = lambda: True, making_ahead: Callable[[], bool] = lambda: False) -> None:
+                 quiet: Callable[[], bool] = lambda: True, making_ahead: Callable[[], bool] = lambda: False,
+                 dali_reads: bool = False) -> None:
         self._switcher, self._windows, self.warm, self._fills = switcher, windows, warm, fills
         # ``quiet``: nothing of pipeopt's ran beside the settings in place in the window just ended, on this rank
         self._quiet, self._alone_first, self._max_workers = quiet, alone_first, max_workers
-        self._making_ahead = making_ahead  # what the store misses is being made (``apply.backfill``), on this rank
+        # ``making_ahead``: what the store misses is being made (``apply.backfill``), on this rank
+        self._making_ahead, self._dali_reads = making_ahead, dali_reads
         self._prepare: Callable[[], str | None] | None = prepare
         self.refused: str | None = None  # why the dataset may not be cached (found when first prepared)
         self._agree, self._floor, self._say, self._to_warm = agree, floor, say, to_warm  # (the steps left: windows')
@@ -260,10 +265,8 @@ class CacheSession:
         self.before = rate
         if self.trials:  # measured after the trials (``WindowBefore.judged``): the choice, against it
             return self._choose()
-        base = capped(self._cached_base, self._max_workers)
-        alone, same = cached_with(base, 0), cached_with(base, base.num_workers)
-        first_alone = self._alone_first and base.num_workers > 0 and not self._windows.short_of(self._applied, alone)
-        self._try(alone if first_alone else same)
+        self._try(first_trial(self.baseline, capped(self._cached_base, self._max_workers), self._alone_first,
+                              self._dali_reads, lambda settings: self._windows.short_of(self._applied, settings)))
 
     def _on_trial(self, rate: Rate | None, figures: Agreed, steps: int, error: BaseException | None) -> None:
         """A part of the trial in place ended: its next part (``PartedTrial``), or the next trial, or the choice."""
@@ -516,7 +519,7 @@ def kept_changes(chosen: CacheTrial, baseline: LoaderSettings, after: Rate, befo
     why = (f"{before.value:,.1f} -> {after.value:,.1f} samples/s reading each sample's deterministic part from "
            "the store (trial, then after-window)")
     changes = [Change("cache", False, True, why, predicted, measured)]
-    if baseline.dali:
+    if baseline.dali and not chosen.settings.dali:
         changes.append(Change("dali", baseline.dali, None, "the cached DataLoader was faster"))
     if chosen.settings.num_workers != baseline.num_workers:
         room = chosen.cpu_room if not any(t.settings.num_workers for t in trials) else None
@@ -604,6 +607,19 @@ def cpu_room(figures: Agreed, cpus: int | None) -> float | None:
     if cpus is None or figures.cpu_main_pct is None or figures.load_cpu_s is None:
         return None
     return cpus - figures.cpu_main_pct / 100.0 - figures.load_cpu_s * figures.samples_per_s
+
+
+def first_trial(baseline: LoaderSettings, base: LoaderSettings, alone_first: bool, dali_reads: bool,
+                short_of: Callable[[LoaderSettings], object]) -> LoaderSettings:
+    """The first cached trial. Under DALI on the CPU, where it can be fed the stored images (``dali_reads``): DALI
+    reading the store - no decode left, its threads run the rest of the chain, and a trial of cached workers after
+    it that it beats beyond noise stops after its first part. Else the workers ``base`` (those in place; under DALI,
+    the DataLoader that filled the store) reading the store - or first the main process alone, where the store holds
+    whole items (``alone_first``) and the fit has room for it (``short_of``)."""
+    if dali_reads and baseline.dali == "cpu":
+        return dataclasses.replace(baseline, cache=True)
+    alone, same = cached_with(base, 0), cached_with(base, base.num_workers)
+    return alone if alone_first and base.num_workers > 0 and not short_of(alone) else same
 
 
 def cached_with(base: LoaderSettings, workers: int) -> LoaderSettings:

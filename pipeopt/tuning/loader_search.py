@@ -100,7 +100,7 @@ class LoaderSettings:
 
     def describe(self) -> str:
         if self.dali:
-            return f"DALI ({self.dali} decoding)"
+            return f"DALI ({self.dali}, reading the sample cache)" if self.cache else f"DALI ({self.dali} decoding)"
         parts = [f"num_workers={self.num_workers}"]
         if self.num_workers > 0:
             parts += [f"prefetch_factor={self.prefetch_factor}", f"persistent_workers={self.persistent_workers}"]

@@ -5,6 +5,7 @@ Runs where torchvision is installed (``make test``'s .venv-vision); elsewhere sk
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader, Subset, default_collate
 from pipeopt import _dataloader
 from pipeopt._torchvision import flatten as flat
 from pipeopt.apply import sample_store
-from pipeopt.apply.sample_cache import FolderSplit, plan, refusal
+from pipeopt.apply.sample_cache import CachedDataset, FolderSplit, dali_reads, plan, refusal
 from tests.dali.images import Classifier, smooth_folder, torchvision
 from tests.helpers import controlled_rates, controlled_wait, quiet_pipeopt, quiet_trainer_kwargs, synchronous_backfill
 
@@ -96,6 +97,69 @@ def test_items_rebuilt_from_the_store_equal_the_datasets_under_the_same_seed(ima
         got = cached[i]
         assert torch.equal(want[0], got[0]) and want[1] == got[1]
     assert store.stats().stored == len(subset)
+
+
+def test_a_pil_image_is_stored_as_its_pixels_and_comes_back_equal_in_every_mode(images):
+    from PIL import Image
+
+    image = torchvision.datasets.folder.default_loader(str(next(images.rglob("*.jpg"))))
+    assert type(image) is Image.Image and image.info  # the JPEG's info, as the user's loader gives it
+    for mode in ("RGB", "L", "RGBA", "P", "1", "CMYK"):
+        original = image.convert(mode)
+        record = sample_store.encode(original)
+        back = sample_store.decode(bytearray(record))
+        assert (back.mode, back.size, back.info) == (original.mode, original.size, original.info)
+        assert back.tobytes() == original.tobytes() and back.getpalette() == original.getpalette()
+        array = sample_store.image_array(record)  # DALI's feed: RGB pixels over the record's bytes
+        if mode == "RGB":
+            assert array.shape == (image.height, image.width, 3) and (array == np.asarray(original)).all()
+            assert not array.flags.writeable  # a view of the record: the store is never written through it
+        else:
+            assert array is None
+    assert sample_store.image_array(sample_store.encode(torch.zeros(3, 4, 5, dtype=torch.uint8))) is None
+    assert sample_store.image_array(sample_store.encode((image, 1))) is None
+
+
+@pytest.mark.parametrize("chain, steps", [
+    (lambda: T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor()]), 0),
+    (lambda: T.Compose([T.Resize(40), T.CenterCrop(36), T.RandomResizedCrop(32), T.ToTensor()]), 2),
+    (lambda: V2.Compose([V2.Resize(40), V2.RandomResizedCrop(32), V2.ToImage()]), 1),
+    (lambda: V2.Compose([V2.ToImage(), V2.Resize(40), V2.RandomResizedCrop(32)]), None),  # tensors stored
+    (lambda: T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()]), None),  # whole: floats stored
+])
+def test_dali_is_fed_the_store_only_where_it_holds_pil_images_a_random_step_still_to_come(images, chain, steps):
+    assert dali_reads(plan(torchvision.datasets.ImageFolder(images, transform=chain()))) == steps
+
+
+def test_the_image_dali_is_fed_is_read_from_the_store_or_made_and_stored(images, tmp_path):
+    dataset = torchvision.datasets.ImageFolder(images, transform=T.Compose([
+        T.Resize(40), T.RandomResizedCrop(32), T.ToTensor()]))
+    split = plan(dataset)
+    store = sample_store.SampleStore(tmp_path / "s", len(split), 1 << 24)
+    cached = CachedDataset(split, store, read=True)
+    made = np.asarray(split.make(3))
+    first = cached.image(3)  # a miss: made, stored
+    assert store.has(3) and store.stats().made == 1 and (first == made).all()
+    again = cached.image(3)  # a hit: the stored pixels, not made again
+    assert store.stats().made == 1 and (again == made).all() and not again.flags.writeable
+    del again
+    odd = CachedDataset(FolderSplit(_NotImages(), None, [], split.rest), store, read=True)
+    with pytest.raises(TypeError, match="not a PIL image"):
+        odd.image(0)
+    store.remove()  # nothing of the views is alive: the maps close
+
+
+class _NotImages:
+    """A folder whose loader gives arrays (a custom ``loader=``)."""
+
+    samples = [("x", 0)]
+    target_transform = None
+
+    def __len__(self):
+        return 1
+
+    def loader(self, path):
+        return np.zeros((4, 4, 3), dtype=np.uint8)
 
 
 def fit(callbacks, root, *, workers, epochs=5):

@@ -12,7 +12,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from tests.dali.images import Classifier, solid_folder, torchvision
-from tests.helpers import controlled_rates, controlled_wait, quiet_pipeopt, quiet_trainer_kwargs, run_ddp
+from tests.helpers import (
+    controlled_rates,
+    controlled_wait,
+    quiet_pipeopt,
+    quiet_trainer_kwargs,
+    run_ddp,
+    synchronous_backfill,
+)
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (`pip install 'pipeopt[dali]'`; `make test` "
                     "runs these tests in .venv-vision)")
@@ -26,10 +33,10 @@ def images(tmp_path_factory):
     return solid_folder(tmp_path_factory.mktemp("solid"), per_class=32, scale=8)
 
 
-def fit(callbacks, root, *, epochs=3):
+def fit(callbacks, root, *, epochs=3, chain=None):
     pl.seed_everything(5, verbose=False)
     model = Classifier()
-    dataset = torchvision.datasets.ImageFolder(root, transform=T.Compose([T.Resize((16, 16)), T.ToTensor()]))
+    dataset = torchvision.datasets.ImageFolder(root, transform=chain or T.Compose([T.Resize((16, 16)), T.ToTensor()]))
     trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **quiet_trainer_kwargs())
     trainer.fit(model, DataLoader(dataset, batch_size=4, shuffle=True))
     return model, trainer
@@ -58,6 +65,30 @@ def test_dali_is_tried_on_the_live_run_and_the_model_sees_what_it_would_have(ima
     assert {c.knob: c.after for c in callback.report.changes} == {"dali": "cpu"}
     assert isinstance(trainer.train_dataloader, DaliLoader)
     assert callback.report.suggestions == ["pipeopt.dali.loader_from(train_loader, device='cpu')"]
+    assert psutil.Process().children() == []
+
+
+def test_dali_fed_from_the_sample_cache_is_kept_where_fastest_and_sees_every_image_once_per_epoch(
+        images, monkeypatch, tmp_path):
+    from pipeopt.dali import DaliLoader
+
+    chain = T.Compose([T.Resize((16, 16)), T.RandomHorizontalFlip(), T.ToTensor()])  # decode + resize cached
+    plain, _ = fit([], images, epochs=8, chain=chain)
+    controlled_rates(monkeypatch, lambda s: (1000.0 if s.cache else 500.0) if s.dali else 300.0 if s.cache else 100.0)
+    controlled_wait(monkeypatch, 0.5)
+    synchronous_backfill(monkeypatch)
+    callback = quiet_pipeopt(tune=("loader", "dali", "cache"), report_dir=tmp_path, cache=False)
+    tuned, trainer = fit([callback], images, epochs=8, chain=chain)
+    # every image once per epoch; the first epoch in the user's order. From DALI's trial on the flips are DALI's,
+    # not drawn from torch's global generator, so the next epochs' shuffles (drawn from it) differ - as with DALI alone
+    assert tuned.seen[:96] == plain.seen[:96]
+    assert all(sorted(tuned.seen[e * 96:(e + 1) * 96]) == list(range(96)) for e in range(8))
+    changes = {c.knob: c.after for c in callback.report.changes}
+    assert changes["dali"] == "cpu" and changes["cache"] is True, callback.report.notes
+    assert isinstance(trainer.train_dataloader, DaliLoader) and trainer.train_dataloader._images is not None
+    cache = callback.report.sample_cache
+    assert cache.kept and cache.epochs[-1]["misses"] == 0  # nothing decoded in the last epoch: DALI read the store
+    assert any("cache trial: DALI (cpu, reading the sample cache)" == w.label for w in callback.windows)
     assert psutil.Process().children() == []
 
 
@@ -156,3 +187,27 @@ def test_a_run_resumed_with_dali_kept_uses_it_at_once(images):
     assert isinstance(trainer.train_dataloader, DaliLoader)
     assert [(c.knob, c.after) for c in callback.report.changes] == [("dali", "cpu")]
     assert not callback.report.trials  # no trials: applied from the checkpoint
+
+
+@pytest.mark.parametrize("tune", [("loader", "dali", "cache"), ("loader", "cache")])
+def test_a_run_resumed_with_dali_fed_from_the_cache_uses_it_at_once_where_dali_is_tuned(images, tune, tmp_path):
+    import dataclasses
+
+    from pipeopt.dali import DaliLoader
+    from pipeopt.tuning.loader_search import LoaderSettings
+
+    chain = T.Compose([T.Resize((16, 16)), T.RandomHorizontalFlip(), T.ToTensor()])
+    dali = LoaderSettings.dali_on("cpu")
+    callback = quiet_pipeopt(tune=tune, report_dir=tmp_path, cache=False)
+    # what a checkpoint of a run that kept DALI fed from the store holds (``PipeOpt.state_dict()``)
+    callback.load_state_dict({"version": 1, "tuned": {"loader": dali.as_kwargs(),
+                                                      "cache": dataclasses.replace(dali, cache=True).as_kwargs()}})
+    resumed, trainer = fit([callback], images, epochs=2, chain=chain)
+    assert all(sorted(resumed.seen[e * 96:(e + 1) * 96]) == list(range(96)) for e in range(2))
+    if "dali" in tune:  # applied without trials, the store refilled in the first epoch and read in the second
+        assert isinstance(trainer.train_dataloader, DaliLoader) and trainer.train_dataloader._images is not None
+        assert {(c.knob, c.after) for c in callback.report.changes} == {("dali", "cpu"), ("cache", True)}
+        assert not callback.report.trials and callback.report.sample_cache.epochs[-1]["misses"] == 0
+    else:  # DALI may not be used: neither is restored, and nothing fails
+        assert not isinstance(trainer.train_dataloader, DaliLoader)
+        assert "the cache is tuned afresh" in " ".join(callback.report.notes)

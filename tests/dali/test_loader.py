@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from tests.dali.images import CLASSES, PER_CLASS, indices_of, smooth_folder, solid_folder, torchvision
 
@@ -13,6 +13,8 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (`pip in
                     "runs these tests in .venv-vision)")
 
 from pipeopt.apply.handover import LoaderFailure  # noqa: E402
+from pipeopt.apply.sample_cache import CachedDataset, dali_reads, plan  # noqa: E402
+from pipeopt.apply.sample_store import SampleStore  # noqa: E402
 from pipeopt.dali import DaliLoader, loader_from, translate  # noqa: E402
 
 T = torchvision.transforms
@@ -159,6 +161,28 @@ def test_shards_are_disjoint_and_cover_the_epoch(solid):
         seen = [epoch_indices(shard) for shard in shards]
         assert sorted(i for part in seen for i in part) == list(range(N))
         assert all(len(part) == N // 3 and len(shard) == -(-N // 3 // 3) for part, shard in zip(seen, shards))
+
+
+def test_fed_from_the_sample_cache_every_image_once_in_the_samplers_order_with_its_label(solid, tmp_path):
+    """DALI fed the images pipeopt's sample cache holds, decoded and resized already: the batches the sampler asks
+    for, in its order, with their labels; a miss is made and stored on the way, and the next epoch reads the store."""
+    dataset = torchvision.datasets.ImageFolder(solid, transform=T.Compose([
+        T.Resize((20, 20)), T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ToTensor()]))
+    split = plan(dataset)
+    store = SampleStore(tmp_path / "store", len(split), 1 << 24)
+    cached = CachedDataset(split, store, read=True)
+    batches = list(BatchSampler(RandomSampler(range(N), generator=torch.Generator().manual_seed(3)), 5, False))
+    dali = DaliLoader(translate(dataset), batches, images=cached.image, decoded=dali_reads(split))
+    for _ in range(2):
+        got = list(dali)
+        assert [indices_of(images) for images, _ in got] == batches
+        assert all(images.shape[1:] == (3, 16, 16) and images.dtype == torch.float32 for images, _ in got)
+        assert [labels.tolist() for _, labels in got] == [[dataset.samples[i][1] for i in b] for b in batches]
+        assert store.stats().made == N  # each made once, in the first epoch
+    with pytest.raises(ValueError, match="decoded images are fed to DALI's CPU backend only"):
+        DaliLoader(translate(dataset), batches, device="mixed", images=cached.image)
+    del dali, got
+    store.remove()
 
 
 def test_bad_arguments_and_broken_files_are_explained(solid, tmp_path):

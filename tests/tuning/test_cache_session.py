@@ -33,7 +33,8 @@ def world_compute_light(settings: LoaderSettings) -> tuple[float, float]:
 
 def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_cold: bool = False,
         before_wait: float | None = 0.6, windows: int = 20, current: LoaderSettings = EIGHT,
-        filler: LoaderSettings | None = None, alone_first: bool = False, max_workers: int | None = None):
+        filler: LoaderSettings | None = None, alone_first: bool = False, max_workers: int | None = None,
+        dali_reads: bool = False):
     switcher = FakeSwitcher()
     switcher.current = current
     seen = {"windows": 0}
@@ -46,7 +47,7 @@ def run(world, *, warm_after: int = 2, installed_fills: bool = True, other_rank_
 
     session = CacheSession(switcher, windows=TrialWindows(lambda *args: None),
                            warm=lambda: seen["windows"] >= warm_after, fills=lambda: installed_fills, agree=agree,
-                           alone_first=alone_first, max_workers=max_workers)
+                           alone_first=alone_first, max_workers=max_workers, dali_reads=dali_reads)
     session.begin(before_wait, filler)
     for _ in range(windows):
         if session.state == "done":
@@ -225,6 +226,33 @@ def test_under_dali_a_dataloader_fills_the_store_and_the_cache_must_beat_dali():
     assert session.kept == dataclasses.replace(two, num_workers=1, cache=True)
     assert {c.knob: (c.before, c.after) for c in session.outcome.changes} == {
         "cache": (False, True), "dali": ("cpu", None), "num_workers": (0, 1)}
+
+
+@pytest.mark.parametrize("fed_rate, fed_wait", [(1400.0, 0.02), (600.0, 0.3)])
+def test_under_dali_fed_from_the_store_is_tried_first_and_kept_with_dali_where_fastest(fed_rate, fed_wait):
+    dali = LoaderSettings.dali_on("cpu")
+    two = dataclasses.replace(EIGHT, num_workers=2)
+    fed = dataclasses.replace(dali, cache=True)
+
+    def world(settings):
+        if settings.dali:
+            return (fed_rate, fed_wait) if settings.cache else (500.0, 0.3)
+        if settings.cache:
+            return {2: 900.0, 1: 890.0, 0: 500.0}[settings.num_workers], 0.02
+        return 400.0, 0.5
+
+    session, switcher = run(world, current=dali, filler=two, installed_fills=False, before_wait=0.3, dali_reads=True)
+    assert switcher.switches[:3] == [dataclasses.replace(two, cache=True), dali, fed]
+    changes = {c.knob: (c.before, c.after) for c in session.outcome.changes}
+    if fed_wait < 0.1:  # the loop no longer waits: no cached workers could do better; DALI stays, fed the store
+        assert switcher.switches[3:] == [] and session.kept == fed and changes == {"cache": (False, True)}
+        assert fed.describe() == "DALI (cpu, reading the sample cache)"
+    else:  # still waiting: the DataLoader's workers reading the store are tried next, and win
+        assert switcher.switches[3] == dataclasses.replace(two, cache=True, give_way=True)
+        assert session.kept is not None and not session.kept.dali and changes["dali"] == ("cpu", None)
+    # where DALI cannot be fed the store (the cached part is not an image: ``dali_reads``), it is not tried
+    _, switcher = run(world, current=dali, filler=two, installed_fills=False, before_wait=0.3)
+    assert fed not in switcher.switches
 
 
 def test_under_dali_the_loader_searchs_windows_of_dali_are_the_window_before():
