@@ -235,8 +235,7 @@ class CachedDataset(Dataset):
         i = self._position(i)
         part = self._stored(i) if self.read and not self.broken else _MISSING
         if part is _MISSING:
-            part = self.split.make(i)  # the user's code: its exceptions are the user's
-            self._keep(i, part)
+            part = self._make(i)
         return self.split.finish(part, i)
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
@@ -264,11 +263,7 @@ class CachedDataset(Dataset):
             self.broken, raw, array = True, None, None
         if array is not None:
             return array
-        if raw is not None:
-            part = decode(raw)
-        else:
-            part = self.split.make(i)  # the user's code: its exceptions are the user's
-            self._keep(i, part)
+        part = decode(raw) if raw is not None else self._make(i)
         if not callable(getattr(part, "convert", None)):
             raise TypeError(f"the dataset's loader gave a {type(part).__name__}, not a PIL image: DALI cannot be fed "
                             "it from the sample cache")
@@ -282,7 +277,13 @@ class CachedDataset(Dataset):
         """Make and store item ``i``'s cached part unless the store has it; nothing is returned, nothing after the
         cut runs (the work of ``apply.backfill``)."""
         if not self.broken and not self.store.has(i):
-            self._keep(i, self.split.make(i))
+            self._make(i)
+
+    def _make(self, i: int) -> Any:
+        """Item ``i``'s cached part, made (the user's code: its exceptions are the user's) and stored."""
+        part = self.split.make(i)
+        self._keep(i, part)
+        return part
 
     def _keep(self, i: int, part: Any) -> None:
         if not self.broken:
