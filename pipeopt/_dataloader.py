@@ -341,11 +341,23 @@ def _rows_or_stacked(batch: Any, *, collate_fn_map: Any = None) -> Any:
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
+class Collated(list):
+    """A batch's items (a list, as a dataset's ``__getitems__`` gives them) carrying ``batch``: what ``collate_rows``
+    makes of them, known already to whoever read them (the sample store, which read them into the rows of one
+    tensor). ``collate_rows`` hands ``batch`` on without walking the items; anything else sees the items."""
+
+    def __init__(self, items: Any, batch: Any) -> None:
+        super().__init__(items)
+        self.batch = batch
+
+
 def collate_rows(batch: Any) -> Any:
     """torch's ``default_collate``, except that tensors read straight into the rows of one batch tensor (the sample
     cache's ``SampleStore.get_rows``) are handed on as that tensor: the same batch, bit for bit, without the
-    stack's copy."""
+    stack's copy - and items that come ``Collated``, as their batch."""
     import torch
     from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
+    if isinstance(batch, Collated):
+        return batch.batch
     return collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: _rows_or_stacked})

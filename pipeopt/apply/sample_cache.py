@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from pipeopt import _dataloader
 from pipeopt._torchvision import flatten, folder_class, is_transform, unwrap_subsets
 from pipeopt.apply.sample_store import SampleStore, decode, encode, image_array
 
@@ -75,10 +76,20 @@ class FolderSplit:
     def finish(self, image: Any, i: int) -> Any:
         for t in self.rest:
             image = t(image)
+        return image, self._target(i)
+
+    def finish_rows(self, images: list[Any], positions: list[int]) -> list[Any]:
+        """``finish`` of a batch's images read from the store (``SampleStore.get_rows``). Images that come
+        ``Collated`` with nothing left to run on them keep coming so: with the labels, as torch's default collate
+        makes the batch of the items (the images' tensor, the labels collated) - not walked item by item."""
+        if self.rest or not isinstance(images, _dataloader.Collated):
+            return [self.finish(image, i) for image, i in zip(images, positions)]
+        targets = [self._target(i) for i in positions]
+        return _dataloader.Collated(zip(images, targets), [images.batch, _dataloader.collate_rows(targets)])
+
+    def _target(self, i: int) -> Any:
         target = self._sample(i)[1]
-        if self.folder.target_transform is not None:
-            target = self.folder.target_transform(target)
-        return image, target
+        return target if self.folder.target_transform is None else self.folder.target_transform(target)
 
     def describe(self) -> str:
         steps = ", ".join(type(t).__name__ for t in self.cached)
@@ -102,6 +113,9 @@ class WholeSplit:
 
     def finish(self, item: Any, i: int) -> Any:
         return item
+
+    def finish_rows(self, items: list[Any], positions: list[int]) -> list[Any]:
+        return items
 
     def describe(self) -> str:
         return f"each whole item of the {type(self.dataset).__name__}"
@@ -249,7 +263,7 @@ class CachedDataset(Dataset):
             except Exception:  # the store cannot be read: made as without it, from now on
                 self.broken, items = True, None
             if items is not None:
-                return [self.split.finish(item, i) for item, i in zip(items, positions)]
+                return self.split.finish_rows(items, positions)
         return [self[i] for i in positions]
 
     def image(self, i: int) -> np.ndarray:

@@ -181,6 +181,7 @@ class SampleStore:
         self._pid: int | None = None
         self._files: _Files | None = None
         self._batches = _dataloader.BatchBuffers()  # the memory of the batches get_rows reads, used again
+        self._bare: _Bare | None = None  # how a record that is a tensor alone lies, once get_rows has read one
         # The data file's bytes up to here are mapped into this process, or were stored before it opened the store
         # (a kept store, reopened: ``map_in_stored`` maps what is stored from now on)
         self._mapped_to = int.from_bytes(header_bytes[8 * _END:8 * _END + 8], "little", signed=True)
@@ -199,7 +200,7 @@ class SampleStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _pid=None, _files=None, _alive=None, _batches=_dataloader.BatchBuffers(),
-                             _mapped_to=0)
+                             _bare=None, _mapped_to=0)
 
     def _open(self) -> _Files:
         """This process's view of the store's files (opened on first use in each process)."""
@@ -235,7 +236,12 @@ class SampleStore:
         The records' offsets and frames are read for the whole batch at once; a record that is its tensor alone
         (a cached image) is not unpickled again when its pickle is the first one's: the item is its row. None when
         one of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
-        dtype or shape differs between them): the caller reads them one by one."""
+        dtype or shape differs between them): the caller reads them one by one.
+
+        Where every record is a tensor alone, pickled alike (whole images, say), the rows come ``Collated`` with
+        their tensor, and how such a record lies is kept (``_Bare``): a later batch whose records all begin with the
+        same bytes - frame, sizes and pickle, compared in one gather - is read with nothing unpickled nor walked row
+        by row (a cached validation chain's batch of 32 took 0.6 ms of the training thread, half of it Python)."""
         if not positions:
             return []
         files = self._open()
@@ -244,6 +250,9 @@ class SampleStore:
         if not index[slots + 1].all():  # (the length first: it is published after the offset)
             return None
         offsets = index[slots]
+        bare = self._bare
+        if bare is not None and bare.fits(data, offsets):
+            return bare.read(files, offsets, self._batches.tensor(len(positions), bare.dtype, bare.shape))
         first = int(offsets[0])
         count, length = _FRAME.unpack_from(files.data, first)
         head = _FRAME.size + 8 * count
@@ -260,10 +269,14 @@ class SampleStore:
         views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(positions)  # each row's fields
         try:  # each tensor a pickle makes is its row of the batch (``_tensor``), its bytes read in below
             items = [pickle.loads(pickled, buffers=views[0])]
-            bare = count == 1 and items[0] is views[0][0]  # the record is its tensor alone (a cached image, say)
+            if count == 1 and items[0] is views[0][0]:  # the record is its tensor alone (a cached image, say)
+                layout = _Bare(bytes(files.data[first:first + head + length]), *kinds[0],
+                               _buffer_starts(head + length, sizes)[0])
+                if layout.fits(data, offsets):  # ... and so is every other one, pickled alike
+                    self._bare = layout
+                    return layout.read(files, offsets, batch[0])
             for view, at, size in zip(views[1:], (offsets[1:] + head).tolist(), lengths[1:].tolist()):
-                payload = bytes(files.data[at:at + size])
-                items.append(view[0] if bare and payload == pickled else pickle.loads(payload, buffers=view))
+                items.append(pickle.loads(bytes(files.data[at:at + size]), buffers=view))
         except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
             return None
         for tensor, starts in zip(batch, _buffer_starts(head + lengths, sizes)):
@@ -435,6 +448,29 @@ def _running(pid: int) -> bool:
     except PermissionError:  # another user's process
         pass
     return True
+
+
+@dataclass(frozen=True)
+class _Bare:
+    """How a record that is a tensor alone lies: its first bytes (frame, buffer size, pickle), the tensor's dtype and
+    shape, and where its bytes start."""
+
+    head: bytes
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+
+    def fits(self, data: np.ndarray, offsets: np.ndarray) -> bool:
+        """Every record at ``offsets`` begins with these bytes: it is such a tensor, pickled alike."""
+        span = len(self.head)
+        if int(offsets.max()) + span > len(data):
+            return False
+        return bool((data[offsets[:, None] + np.arange(span)] == np.frombuffer(self.head, np.uint8)).all())
+
+    def read(self, files: _Files, offsets: np.ndarray, batch: torch.Tensor) -> list[Any]:
+        """The records' tensors read into the rows of ``batch``: the rows, ``Collated`` with it."""
+        files.gather(offsets + self.start, batch)
+        return _dataloader.Collated(batch.unbind(0), batch)
 
 
 class _Probe:

@@ -416,6 +416,31 @@ def test_whole_items_read_a_batch_at_a_time_collate_to_the_same_batches_bit_for_
     cache.close()
 
 
+def test_a_record_laid_out_otherwise_is_never_read_as_the_tensors_read_before(tmp_path):
+    """Once a batch of records that are a tensor alone has been read, later batches of records pickled alike are read
+    without unpickling them; a record of another shape or dtype with the same number of bytes is not one of them:
+    it is read as what it is."""
+    store = SampleStore(tmp_path / "s", 8, 1 << 20)
+    kept = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    others = [torch.randn(4, 3), torch.randn(12).view(3, 4).to(torch.int32), torch.randn(3, 2).double()]
+    for i, tensor in enumerate([*kept, *others]):
+        assert store.put(i, encode(tensor), 0)
+    for positions in ([0, 1, 2], [3, 0], [2, 2, 1]):  # the first read finds the layout, the others keep to it
+        rows = store.get_rows(positions)
+        assert isinstance(rows, _dataloader.Collated) and torch.equal(rows.batch, torch.stack([kept[i]
+                                                                                                 for i in positions]))
+        assert all(row.data_ptr() == rows.batch[k].data_ptr() for k, row in enumerate(rows))  # the items: its rows
+        assert _dataloader.collate_rows(rows) is rows.batch
+    reader = CachedDataset(WholeSplit(Image(8)), store, read=True, rows=True)
+    for other in (4, 5, 6):  # another shape; another dtype; both (48 bytes each, as the tensors before)
+        assert not isinstance(store.get_rows([0, other]), _dataloader.Collated)  # not as the rows of one tensor
+        first, read = reader.__getitems__([0, other])
+        assert torch.equal(first, kept[0]) and torch.equal(read, others[other - 4])
+        assert (read.dtype, read.shape, read.stride()) == (others[other - 4].dtype, others[other - 4].shape,
+                                                          others[other - 4].stride())
+    store.remove()
+
+
 class Fields(Counted):
     """Whole items of several tensor fields (dtypes of 1, 2 and 8 bytes, odd lengths, a 0-d and an empty tensor) and
     a name of 0 to 199 characters: records whose tensors' bytes start at different offsets within them."""

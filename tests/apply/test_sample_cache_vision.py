@@ -58,7 +58,8 @@ def test_the_cut_is_the_deterministic_prefix_before_the_pixels_become_floats(ima
 ])
 def test_a_chain_with_nothing_random_is_cached_whole(images, tmp_path, chain):
     """A validation chain: the store holds the images as the model sees them - nothing is left to do per sample."""
-    dataset = torchvision.datasets.ImageFolder(images, transform=chain())
+    labels = Relabel()
+    dataset = torchvision.datasets.ImageFolder(images, transform=chain(), target_transform=labels)
     split = plan(dataset)
     assert isinstance(split, FolderSplit) and split.rest == [] and len(split.cached) == len(flat(dataset.transform))
     assert "as the model sees it" in split.describe()
@@ -72,10 +73,25 @@ def test_a_chain_with_nothing_random_is_cached_whole(images, tmp_path, chain):
         image, label = cached[i]
         assert image.dtype == torch.float32 and torch.equal(image, dataset[i][0]) and label == dataset[i][1]
     # a batch at a time (torchvision's v2 Image tensors, a subclass, item by item): torch's own batch, bit for bit
-    positions = list(range(len(dataset)))[::-1]
-    batch = _dataloader.collate_rows(CachedDataset(split, store, read=True, rows=True).__getitems__(positions))
-    expected = default_collate([dataset[i] for i in positions])
-    assert all(type(a) is type(b) and torch.equal(a, b) for a, b in zip(batch, expected))
+    # each batch's labels made by the target_transform once an item, as without the store
+    reader = CachedDataset(split, store, read=True, rows=True)
+    for positions in (list(range(len(dataset)))[::-1], [3, 0, 7, 3]):
+        calls = labels.calls
+        batch = _dataloader.collate_rows(reader.__getitems__(positions))
+        assert labels.calls == calls + len(positions)
+        expected = default_collate([dataset[i] for i in positions])
+        assert all(type(a) is type(b) and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(batch, expected))
+
+
+class Relabel:
+    """A target_transform that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, target: int) -> int:
+        self.calls += 1
+        return 100 + target
 
 
 def test_items_rebuilt_from_the_store_equal_the_datasets_under_the_same_seed(images, tmp_path):
