@@ -233,15 +233,15 @@ class SampleStore:
         tensor per field of the batch (one gather a field), which ``_dataloader.collate_rows`` hands on whole instead
         of stacking: one copy of each sample's bytes in all, none of them through buffers of their own, into memory
         used for batches before where it is free (``_dataloader.BatchBuffers``: fresh memory faults on each page).
-        The records' offsets and frames are read for the whole batch at once; a record that is its tensor alone
-        (a cached image) is not unpickled again when its pickle is the first one's: the item is its row. None when
-        one of the positions is not stored, or the items are not alike (a field that is not a plain tensor, or whose
-        dtype or shape differs between them): the caller reads them one by one.
+        The records' offsets and frames are read for the whole batch at once. None when one of the positions is not
+        stored, or the items are not alike (a field that is not a plain tensor, or whose dtype or shape differs
+        between them): the caller reads them one by one.
 
-        Where every record is a tensor alone, pickled alike (whole images, say), the rows come ``Collated`` with
-        their tensor, and how such a record lies is kept (``_Bare``): a later batch whose records all begin with the
-        same bytes - frame, sizes and pickle, compared in one gather - is read with nothing unpickled nor walked row
-        by row (a cached validation chain's batch of 32 took 0.6 ms of the training thread, half of it Python)."""
+        Where every record is a tensor alone, pickled alike (whole images, say), the items are the rows, which come
+        ``Collated`` with their tensor, and how such a record lies is kept (``_Bare``): a later batch whose records
+        all begin with the same bytes - frame, sizes and pickle, compared in one gather - is read with nothing
+        unpickled nor walked row by row (a cached validation chain's batch of 32 took 0.6 ms of the training
+        thread, half of it Python)."""
         if not positions:
             return []
         files = self._open()
