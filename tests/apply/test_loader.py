@@ -374,9 +374,11 @@ def test_a_fallback_that_fails_too_raises_as_the_users_loader_would():
             seen += flat([batch])
     assert seen == list(range(len(seen))) and len(seen) <= 48  # no batch repeated, none past the fatal one
     assert switcher.current == switcher.user_settings and "exited unexpectedly" in str(switcher.take_failure())
-    assert started.value == 2 + 4 + 2  # the user's loader, the trial's, one fallback: none started after it failed
     switcher.close()
     assert psutil.Process().children() == []
+    # the user's loader, the trial's, one fallback: none started after it failed. At most: a worker that was still
+    # starting as another one died may have been shut down before counting itself (7 was read once, 8 just after)
+    assert started.value <= 2 + 4 + 2
 
 
 def test_an_epochs_iterator_is_not_kept_once_the_epoch_is_over():
