@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 #: Messages torch's DataLoader machinery raises when workers die, hang or run out of shared memory - as opposed to
@@ -273,6 +273,7 @@ class BatchBuffers:
     def __init__(self, kept: int = 4, sizes: int = 2) -> None:
         self.kept, self.sizes = kept, sizes
         self._buffers: dict[int, list[Any]] = {}  # bytes -> storages, the size used last at the end
+        self._layouts: dict[tuple[tuple[int, ...], Any], tuple[int, list[int]]] = {}  # (size, dtype) -> bytes, strides
 
     def tensor(self, rows: int, dtype: Any, shape: tuple[int, ...]) -> Any:
         """An empty tensor of ``rows`` x ``shape`` for a batch: in shared memory inside a loader worker (as torch's
@@ -284,12 +285,16 @@ class BatchBuffers:
         if get_worker_info() is not None:
             return _shared_tensor(rows, dtype, shape)
         size = (rows, *shape)
-        nbytes = int(torch.Size(size).numel()) * dtype.itemsize
-        storage = self._free(nbytes)
+        layout = self._layouts.get((size, dtype))
+        if layout is None:  # the bytes and the contiguous strides of a batch of this size, worked out once
+            if len(self._layouts) >= 16:  # batches of ever new sizes (items of varying shapes): kept few
+                self._layouts.clear()
+            strides = [int(torch.Size(size[i + 1:]).numel()) for i in range(len(size))]
+            layout = self._layouts[(size, dtype)] = (strides[0] * rows * dtype.itemsize, strides)
+        storage = self._free(layout[0])
         if storage is None:
             return torch.empty(size, dtype=dtype)
-        stride = [int(torch.Size(size[i + 1:]).numel()) for i in range(len(size))]  # contiguous
-        return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
+        return torch.empty(0, dtype=dtype).set_(storage, 0, size, layout[1])
 
     def _free(self, nbytes: int) -> Any:
         import torch
@@ -341,14 +346,35 @@ def _rows_or_stacked(batch: Any, *, collate_fn_map: Any = None) -> Any:
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
-class Collated(list):
-    """A batch's items (a list, as a dataset's ``__getitems__`` gives them) carrying ``batch``: what ``collate_rows``
-    makes of them, known already to whoever read them (the sample store, which read them into the rows of one
-    tensor). ``collate_rows`` hands ``batch`` on without walking the items; anything else sees the items."""
+class Collated(Sequence[Any]):
+    """A batch's items, as a dataset's ``__getitems__`` gives them, carrying ``batch``: what ``collate_rows`` makes of
+    them, known already to whoever read them (the sample store, which read them into the rows of one tensor).
+    ``collate_rows`` hands ``batch`` on without walking the items; anything else that reads them gets them, made by
+    ``items()`` on first use (a batch's row views and label tuples cost the training thread ~0.05 ms a batch that only
+    ``collate_rows`` sees)."""
 
-    def __init__(self, items: Any, batch: Any) -> None:
-        super().__init__(items)
-        self.batch = batch
+    def __init__(self, items: Callable[[], Iterable[Any]], batch: Any, length: int) -> None:
+        self._items, self.batch, self._length = items, batch, length
+        self._made: list[Any] | None = None
+
+    def _list(self) -> list[Any]:
+        if self._made is None:
+            self._made = list(self._items())
+        return self._made
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return self._list() == (other._list() if isinstance(other, Collated) else other)
+
+    __hash__ = None  # type: ignore[assignment]  # a sequence of (mutable) items, as a list
 
 
 def collate_rows(batch: Any) -> Any:

@@ -22,6 +22,7 @@ loader pipeopt builds fills the store), and - when ``read`` - takes it from the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import random
@@ -78,14 +79,32 @@ class FolderSplit:
             image = t(image)
         return image, self._target(i)
 
-    def finish_rows(self, images: list[Any], positions: list[int]) -> list[Any]:
+    def finish_rows(self, images: Sequence[Any], positions: np.ndarray) -> Sequence[Any]:
         """``finish`` of a batch's images read from the store (``SampleStore.get_rows``). Images that come
         ``Collated`` with nothing left to run on them keep coming so: with the labels, as torch's default collate
         makes the batch of the items (the images' tensor, the labels collated) - not walked item by item."""
         if self.rest or not isinstance(images, _dataloader.Collated):
-            return [self.finish(image, i) for image, i in zip(images, positions)]
-        targets = [self._target(i) for i in positions]
-        return _dataloader.Collated(zip(images, targets), [images.batch, _dataloader.collate_rows(targets)])
+            return [self.finish(image, i) for image, i in zip(images, positions.tolist())]
+        labels = self._labels if self.folder.target_transform is None else None
+        if labels is not None:  # the labels' batch as torch's collate makes it of the ints, in one step
+            picked = labels[positions]
+            return _dataloader.Collated(lambda: list(zip(images, picked.tolist())),
+                                        [images.batch, torch.tensor(picked)], len(picked))
+        targets = [self._target(i) for i in positions.tolist()]  # the user's target_transform: once an item, now
+        return _dataloader.Collated(lambda: list(zip(images, targets)),
+                                    [images.batch, _dataloader.collate_rows(targets)], len(targets))
+
+    @functools.cached_property
+    def _labels(self) -> np.ndarray | None:
+        """Each position's label where every one is an int (a DatasetFolder's class index), else None: made once."""
+        samples = self.folder.samples
+        labels = [samples[p][1] for p in self.positions] if self.positions is not None else [t for _, t in samples]
+        if not all(type(t) is int for t in labels):
+            return None
+        try:
+            return np.array(labels, dtype=np.int64)
+        except OverflowError:
+            return None
 
     def _target(self, i: int) -> Any:
         target = self._sample(i)[1]
@@ -114,7 +133,7 @@ class WholeSplit:
     def finish(self, item: Any, i: int) -> Any:
         return item
 
-    def finish_rows(self, items: list[Any], positions: list[int]) -> list[Any]:
+    def finish_rows(self, items: Sequence[Any], positions: np.ndarray) -> Sequence[Any]:
         return items
 
     def describe(self) -> str:
@@ -247,24 +266,27 @@ class CachedDataset(Dataset):
 
     def __getitem__(self, i: Any) -> Any:
         i = self._position(i)
-        part = self._stored(i) if self.read and not self.broken else _MISSING
+        # an index out of range is the dataset's to refuse (as it would without the store), not a broken store
+        part = self._stored(i) if self.read and not self.broken and 0 <= i < len(self) else _MISSING
         if part is _MISSING:
             part = self._make(i)
         return self.split.finish(part, i)
 
-    def __getitems__(self, indices: list[int]) -> list[Any]:
+    def __getitems__(self, indices: list[int]) -> Sequence[Any]:
         """A batch's items (the DataLoader collates them). With ``rows``, whole items stored for every index are read
         straight into one tensor per field of the batch (``SampleStore.get_rows``: ``_dataloader.collate_rows`` hands
         it on without stacking); any other batch is read item by item."""
-        positions = [self._position(i) for i in indices]
         if self.rows and not self.broken:
-            try:
-                items = self.store.get_rows(positions)
-            except Exception:  # the store cannot be read: made as without it, from now on
-                self.broken, items = True, None
-            if items is not None:
-                return self.split.finish_rows(items, positions)
-        return [self[i] for i in positions]
+            positions = np.fromiter(map(operator.index, indices), dtype=np.int64, count=len(indices))
+            # each in [0, len): a negative index (as its uint64, past any length) is read item by item, as below
+            if not len(positions) or positions.view(np.uint64).max() < len(self):
+                try:
+                    items = self.store.get_rows(positions)
+                except Exception:  # the store cannot be read: made as without it, from now on
+                    self.broken, items = True, None
+                if items is not None:
+                    return self.split.finish_rows(items, positions)
+        return [self[i] for i in indices]
 
     def image(self, i: int) -> np.ndarray:
         """Item ``i``'s cached part, an image, as a height x width x 3 uint8 RGB array (what DALI's pipeline is fed):

@@ -228,7 +228,7 @@ class SampleStore:
         length, offset = files.index[slot + 1], files.index[slot]
         return files.data[offset:offset + length] if length else None
 
-    def get_rows(self, positions: Sequence[int]) -> list[Any] | None:
+    def get_rows(self, positions: Sequence[int] | np.ndarray) -> Sequence[Any] | None:
         """The items stored at ``positions``, each tensor in them copied straight from the store into its row of one
         tensor per field of the batch (one gather a field), which ``_dataloader.collate_rows`` hands on whole instead
         of stacking: one copy of each sample's bytes in all, none of them through buffers of their own, into memory
@@ -239,20 +239,21 @@ class SampleStore:
 
         Where every record is a tensor alone, pickled alike (whole images, say), the items are the rows, which come
         ``Collated`` with their tensor, and how such a record lies is kept (``_Bare``): a later batch whose records
-        all begin with the same bytes - frame, sizes and pickle, compared in one gather - is read with nothing
+        all begin with the same bytes - frame, sizes and pickle, compared once a record - is read with nothing
         unpickled nor walked row by row (a cached validation chain's batch of 32 took 0.6 ms of the training
         thread, half of it Python)."""
-        if not positions:
+        if not len(positions):
             return []
         files = self._open()
         index, data = files.arrays()
-        slots = _HEADER + 2 * np.asarray(positions, dtype=np.int64)
+        at = np.asarray(positions, dtype=np.int64)
+        slots = _HEADER + 2 * at
         if not index[slots + 1].all():  # (the length first: it is published after the offset)
             return None
         offsets = index[slots]
         bare = self._bare
-        if bare is not None and bare.fits(data, offsets):
-            return bare.read(files, offsets, self._batches.tensor(len(positions), bare.dtype, bare.shape))
+        if bare is not None and bare.fits(data, at, offsets):
+            return bare.read(files, offsets, self._batches.tensor(len(at), bare.dtype, bare.shape))
         first = int(offsets[0])
         count, length = _FRAME.unpack_from(files.data, first)
         head = _FRAME.size + 8 * count
@@ -265,18 +266,18 @@ class SampleStore:
         kinds = _fields(pickled, count)
         if kinds is None:
             return None
-        batch = [self._batches.tensor(len(positions), dtype, shape) for dtype, shape in kinds]
-        views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(positions)  # each row's fields
+        batch = [self._batches.tensor(len(at), dtype, shape) for dtype, shape in kinds]
+        views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(at)  # each row's fields
         try:  # each tensor a pickle makes is its row of the batch (``_tensor``), its bytes read in below
             items = [pickle.loads(pickled, buffers=views[0])]
             if count == 1 and items[0] is views[0][0]:  # the record is its tensor alone (a cached image, say)
                 layout = _Bare(bytes(files.data[first:first + head + length]), *kinds[0],
-                               _buffer_starts(head + length, sizes)[0])
-                if layout.fits(data, offsets):  # ... and so is every other one, pickled alike
+                               _buffer_starts(head + length, sizes)[0], np.zeros(self.length, dtype=bool))
+                if layout.fits(data, at, offsets):  # ... and so is every other one, pickled alike
                     self._bare = layout
                     return layout.read(files, offsets, batch[0])
-            for view, at, size in zip(views[1:], (offsets[1:] + head).tolist(), lengths[1:].tolist()):
-                items.append(pickle.loads(bytes(files.data[at:at + size]), buffers=view))
+            for view, start, size in zip(views[1:], (offsets[1:] + head).tolist(), lengths[1:].tolist()):
+                items.append(pickle.loads(bytes(files.data[start:start + size]), buffers=view))
         except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
             return None
         for tensor, starts in zip(batch, _buffer_starts(head + lengths, sizes)):
@@ -453,24 +454,33 @@ def _running(pid: int) -> bool:
 @dataclass(frozen=True)
 class _Bare:
     """How a record that is a tensor alone lies: its first bytes (frame, buffer size, pickle), the tensor's dtype and
-    shape, and where its bytes start."""
+    shape, and where its bytes start - and which positions' records are known to lie so (``seen``: a position's
+    bytes are written once, where they stay, so each record is compared once)."""
 
     head: bytes
     dtype: torch.dtype
     shape: tuple[int, ...]
     start: int
+    seen: np.ndarray  # a flag per position of the store
 
-    def fits(self, data: np.ndarray, offsets: np.ndarray) -> bool:
-        """Every record at ``offsets`` begins with these bytes: it is such a tensor, pickled alike."""
-        span = len(self.head)
-        if int(offsets.max()) + span > len(data):
+    def fits(self, data: np.ndarray, positions: np.ndarray, offsets: np.ndarray) -> bool:
+        """Every record at ``offsets`` (those of ``positions``) begins with these bytes: it is such a tensor, pickled
+        alike."""
+        new = ~self.seen[positions]
+        if not new.any():
+            return True
+        span, fresh = len(self.head), offsets[new]
+        if int(fresh.max()) + span > len(data):
             return False
-        return bool((data[offsets[:, None] + np.arange(span)] == np.frombuffer(self.head, np.uint8)).all())
+        if not (data[fresh[:, None] + np.arange(span)] == np.frombuffer(self.head, np.uint8)).all():
+            return False
+        self.seen[positions[new]] = True
+        return True
 
-    def read(self, files: _Files, offsets: np.ndarray, batch: torch.Tensor) -> list[Any]:
+    def read(self, files: _Files, offsets: np.ndarray, batch: torch.Tensor) -> Sequence[Any]:
         """The records' tensors read into the rows of ``batch``: the rows, ``Collated`` with it."""
         files.gather(offsets + self.start, batch)
-        return _dataloader.Collated(batch.unbind(0), batch)
+        return _dataloader.Collated(lambda: batch.unbind(0), batch, len(offsets))
 
 
 class _Probe:

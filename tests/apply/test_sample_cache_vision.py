@@ -83,6 +83,30 @@ def test_a_chain_with_nothing_random_is_cached_whole(images, tmp_path, chain):
         assert all(type(a) is type(b) and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(batch, expected))
 
 
+def test_a_whole_batch_takes_its_labels_from_the_folder_as_torch_collates_them(images, tmp_path):
+    """A cached validation chain of a Subset, no target_transform: a batch read a batch at a time (or, with a
+    negative index, item by item) is torch's own batch of the subset's items, bit for bit, labels included, and so
+    are its items; an index out of range fails as the subset's own indexing does."""
+    chain = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize((0.5,) * 3, (0.2,) * 3)])
+    subset = Subset(torchvision.datasets.ImageFolder(images, transform=chain), [17, 3, 30, 8, 25, 0, 12])
+    split = plan(subset)
+    assert isinstance(split, FolderSplit) and split.whole
+    store = sample_store.SampleStore(tmp_path / "s", len(split), 1 << 24)
+    for i in range(len(subset)):
+        CachedDataset(split, store, read=True)[i]  # fill
+    reader = CachedDataset(split, store, read=True, rows=True)
+    for positions in ([6, 0, 2], [1, -1, 4, 1], [5, 3, 6, 2]):  # the first read finds the layout, the others keep to it
+        items = reader.__getitems__(positions)
+        assert isinstance(items, _dataloader.Collated) or min(positions) < 0  # rows of one tensor, not one by one
+        batch, expected = _dataloader.collate_rows(items), default_collate([subset[i] for i in positions])
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(batch, expected))
+        assert [(torch.equal(x, subset[i][0]), y) for (x, y), i in zip(items, positions)] == [
+            (True, subset[i][1]) for i in positions]
+    with pytest.raises(IndexError):
+        reader.__getitems__([0, len(subset)])
+    assert not reader.broken
+
+
 class Relabel:
     """A target_transform that counts its calls."""
 
