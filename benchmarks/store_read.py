@@ -12,7 +12,10 @@ The validation chain's cached items (3 x 112 x 112 float32 images, a label each)
   validation chain does (the image alone stored, its label joined after the read - ``FolderSplit``; ``CachedDataset``
   reading a batch's rows straight into its tensors, ``collate_rows``, batch memory used again);
 - **store, read ahead**: that loader run one batch ahead on a thread of the training process.
-It also times the loaders alone (no step): milliseconds a batch. Ratios are within a round, every round kept.
+Each step is split in two: taking the batch from the loader (fetch) and the step on it (compute), each with the
+page faults it took (a page of fresh memory touched for the first time: torch's collate stacks each batch into new
+memory, whose pages fault in the fetch and then in the step - or not, as the allocator reuses memory). It also
+times the loaders alone (no step): milliseconds a batch. Ratios are within a round, every round kept.
 Writes ``benchmarks/results/store_read.json`` and a copy in ``results/history/``.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import resource
 import sys
 import tempfile
 import threading
@@ -86,21 +90,41 @@ def read_ahead(batches: Iterable[Any], depth: int = 2) -> Iterator[Any]:
         yield batch
 
 
+def _faults() -> int:
+    """Minor page faults of this process so far (a page touched for the first time: fresh memory)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class Step:
     def __init__(self) -> None:
         torch.manual_seed(0)
         self.model = small_cnn(10)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
 
-    def epoch(self, batches: Iterable[Any]) -> float:
-        """Samples/s of one epoch of training steps over ``batches``."""
-        start, samples = time.perf_counter(), 0
-        for x, y in batches:
+    def epoch(self, batches: Iterable[Any]) -> dict[str, float]:
+        """One epoch of training steps over ``batches``: samples/s, and per step the time and the page faults of
+        taking the batch (``fetch``) and of the step on it (``compute``)."""
+        start, samples, steps = time.perf_counter(), 0, 0
+        fetch_s = compute_s = 0.0
+        fetch_faults = compute_faults = 0
+        iterator = iter(batches)
+        while True:
+            faults, began = _faults(), time.perf_counter()
+            try:
+                x, y = next(iterator)
+            except StopIteration:
+                break
+            fetched, faults_fetched = time.perf_counter(), _faults()
             self.optimizer.zero_grad()
             torch.nn.functional.cross_entropy(self.model(x), y).backward()
             self.optimizer.step()
-            samples += len(y)
-        return samples / (time.perf_counter() - start)
+            fetch_s, compute_s = fetch_s + fetched - began, compute_s + time.perf_counter() - fetched
+            fetch_faults += faults_fetched - faults
+            compute_faults += _faults() - faults_fetched
+            samples, steps = samples + len(y), steps + 1
+        return {"samples_per_s": samples / (time.perf_counter() - start), "fetch_ms": 1e3 * fetch_s / steps,
+                "compute_ms": 1e3 * compute_s / steps, "fetch_faults": fetch_faults / steps,
+                "compute_faults": compute_faults / steps}
 
 
 def load_ms(loader: Iterable[Any]) -> float:
@@ -136,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             step.epoch(make())
         rounds = []
         for _ in range(args.rounds):
-            rates = {name: step.epoch(make()) for name, make in arms.items()}
+            epochs = {name: step.epoch(make()) for name, make in arms.items()}
+            rates = {name: e.pop("samples_per_s") for name, e in epochs.items()}
             loads = {name: load_ms(loaders[name]) for name in ("items", "store")}
-            rounds.append({"samples_per_s": rates, "load_ms_per_batch": loads,
+            rounds.append({"samples_per_s": rates, "load_ms_per_batch": loads, "per_step": epochs,
                            "over_resident": {k: v / rates["resident"] for k, v in rates.items() if k != "resident"}})
     finally:
         store.remove()
@@ -155,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("items", "store"):
         ms = [r["load_ms_per_batch"][k] for r in rounds]
         print(f"{k} loader alone: {median(ms):.2f} [{min(ms):.2f} - {max(ms):.2f}] ms a batch")
+    for k in arms:
+        figures = {f: median([r["per_step"][k][f] for r in rounds]) for f in rounds[0]["per_step"][k]}
+        print(f"{k}, a step: fetch {figures['fetch_ms']:.2f} ms ({figures['fetch_faults']:.0f} page faults), "
+              f"compute {figures['compute_ms']:.2f} ms ({figures['compute_faults']:.0f} page faults) (medians)")
     return 0
 
 
