@@ -349,9 +349,9 @@ def _rows_or_stacked(batch: Any, *, collate_fn_map: Any = None) -> Any:
 class Collated(Sequence[Any]):
     """A batch's items, as a dataset's ``__getitems__`` gives them, carrying ``batch``: what ``collate_rows`` makes of
     them, known already to whoever read them (the sample store, which read them into the rows of one tensor).
-    ``collate_rows`` hands ``batch`` on without walking the items; anything else that reads them gets them, made by
-    ``items()`` on first use (a batch's row views and label tuples cost the training thread ~0.05 ms a batch that only
-    ``collate_rows`` sees)."""
+    ``collate_rows`` hands ``batch`` on without walking the items; anything else that reads them gets them, made on
+    first use by ``items`` (the rows as views and their label tuples: ~0.05 ms of the training thread a batch, spent
+    for nothing where only ``collate_rows`` sees the batch)."""
 
     def __init__(self, items: Callable[[], Iterable[Any]], batch: Any, length: int) -> None:
         self._items, self.batch, self._length = items, batch, length
