@@ -14,7 +14,8 @@ For each scenario, in one invocation and in rounds whose order rotates (every re
 - **the ceiling beside each arm**: two epochs of the ceiling just before and just after every arm (the second
   epoch's rate, the two averaged) - the host's pace drifts over a round, so each arm is also read against the
   ceiling measured next to it in time; the ceiling arm too, which tells how far a whole fit of the ceiling reads
-  from the two-epoch fits beside it (the bias of that yardstick);
+  from the two-epoch fits beside it (the bias of that yardstick). Every fit also records the training process's
+  page faults a step from epoch 2: a step whose own memory is fresh to the process runs slower, in any arm;
 - **pipeopt**: the naive loader (``num_workers=0``) under ``PipeOpt(tune=...)`` with the ``"cache"`` group.
 Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
 epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
@@ -33,6 +34,7 @@ import io
 import json
 import logging
 import os
+import resource
 import sys
 import tempfile
 import threading
@@ -146,15 +148,20 @@ SCENARIOS = {s.name: s for s in (
 
 
 class BatchClock(pl.Callback):
-    """The time at the end of every training batch; on a GPU after the device has finished the step."""
+    """The time at the end of every training batch (on a GPU after the device has finished the step), and the
+    training process's minor page faults so far: a step whose memory is fresh to the process faults on each page,
+    which moved a step of the validation chain from ~3.7 to ~5 ms, in any arm, with the allocator's state
+    (``benchmarks/results/README.md``, twenty-eighth pass)."""
 
     def __init__(self) -> None:
         self.ends: list[float] = []
+        self.faults: list[int] = []
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
         if module.device.type == "cuda":
             torch.cuda.synchronize(module.device)
         self.ends.append(time.perf_counter())
+        self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 class PeakMemory:
@@ -246,8 +253,9 @@ def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback], epochs: int
     rates = epoch_rates(clock.ends, steps, s.batch_size, start)
     from2 = (len(clock.ends) - steps) * s.batch_size / (clock.ends[-1] - clock.ends[steps - 1])
     whole = len(clock.ends) * s.batch_size / (clock.ends[-1] - start)  # the first epoch's fill and trials too
+    faults = (clock.faults[-1] - clock.faults[steps - 1]) / (len(clock.faults) - steps)
     return {"epoch_samples_per_s": rates, "from_epoch2_samples_per_s": from2, "whole_fit_samples_per_s": whole,
-            "wall_s": wall, "peak_memory_bytes": memory.peak}
+            "wall_s": wall, "peak_memory_bytes": memory.peak, "page_faults_per_step_from_epoch2": faults}
 
 
 class Resident:
@@ -290,11 +298,11 @@ class Items(Dataset):
         return self.items[i]
 
 
-def bracket(s: CacheScenario, resident: Resident) -> float:
+def bracket(s: CacheScenario, resident: Resident) -> dict[str, Any]:
     """The ceiling over two epochs (its second measured), run just before or after an arm: the host's pace swings
     by up to 2x over the minutes a round takes (the same ceiling read 6,400 and 12,000 samples/s within one
     invocation), so each arm is also compared with the ceiling measured beside it."""
-    return float(fit(s, resident, [], epochs=2)["from_epoch2_samples_per_s"])
+    return fit(s, resident, [], epochs=2)
 
 
 def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path) -> dict[str, Any]:
@@ -330,14 +338,17 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
             ("pipeopt", lambda: pipeopt_arm(s, dataset, Path(tempfile.mkdtemp(prefix="pipeopt-bench-")))),
         ]
         shift = r % len(arms)
-        measured, beside = {}, {}
+        measured, beside, beside_faults = {}, {}, {}
         for name, run in arms[shift:] + arms[:shift]:
             before = bracket(s, resident)
             measured[name] = run()
-            beside[name] = (before + bracket(s, resident)) / 2  # the ceiling just before and after: the pace drifts
+            after = bracket(s, resident)  # the ceiling just before and after: the pace drifts
+            beside[name] = (before["from_epoch2_samples_per_s"] + after["from_epoch2_samples_per_s"]) / 2
+            beside_faults[name] = [b["page_faults_per_step_from_epoch2"] for b in (before, after)]
             print(f"{s.name} round {r}: {name}: {measured[name]['from_epoch2_samples_per_s']:,.1f} samples/s "
-                  f"from epoch 2 (ceiling beside it {beside[name]:,.1f})",
-                  flush=True)
+                  f"from epoch 2, {measured[name]['page_faults_per_step_from_epoch2']:,.0f} page faults a step "
+                  f"(ceiling beside it {beside[name]:,.1f}; {beside_faults[name][0]:,.0f} and "
+                  f"{beside_faults[name][1]:,.0f} page faults a step)", flush=True)
         grid = {label(g): measured[label(g)] for g in s.grid}
         best = max(grid, key=lambda k: grid[k]["from_epoch2_samples_per_s"])
         p, c = measured["pipeopt"]["from_epoch2_samples_per_s"], measured["ceiling"]["from_epoch2_samples_per_s"]
@@ -347,6 +358,7 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
             "pipeopt_over_items": p / measured["items"]["from_epoch2_samples_per_s"],
             "items_over_ceiling_beside": measured["items"]["from_epoch2_samples_per_s"] / beside["items"]}
         rounds.append({"arms": measured, "best_dataloader": best, **bound, "ceiling_beside": beside,
+                       "ceiling_beside_page_faults_per_step": beside_faults,
                        "ceiling_over_ceiling_beside": c / beside["ceiling"],
                        "pipeopt_over_ceiling_beside": p / beside["pipeopt"],
                        "pipeopt_over_ceiling": p / c, "pipeopt_over_ceiling_last_epoch": last,
