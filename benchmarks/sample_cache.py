@@ -34,7 +34,6 @@ import io
 import json
 import logging
 import os
-import resource
 import sys
 import tempfile
 import threading
@@ -51,7 +50,7 @@ import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.harness import median
+from benchmarks.harness import median, page_faults
 from benchmarks.run import RESULTS, keep_in_history, machine, write_markdown
 from benchmarks.scenarios.base import label
 from benchmarks.scenarios.workloads import CACHE, Classifier, SlowStorage, jpeg_folder, mlp, small_cnn
@@ -161,7 +160,7 @@ class BatchClock(pl.Callback):
         if module.device.type == "cuda":
             torch.cuda.synchronize(module.device)
         self.ends.append(time.perf_counter())
-        self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        self.faults.append(page_faults())
 
 
 class PeakMemory:

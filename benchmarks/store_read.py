@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import queue
-import resource
 import sys
 import tempfile
 import threading
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.harness import median
+from benchmarks.harness import median, page_faults
 from benchmarks.run import RESULTS, keep_in_history, machine
 from benchmarks.scenarios.workloads import small_cnn
 from pipeopt import _dataloader
@@ -90,11 +89,6 @@ def read_ahead(batches: Iterable[Any], depth: int = 2) -> Iterator[Any]:
         yield batch
 
 
-def _faults() -> int:
-    """Minor page faults of this process so far (a page touched for the first time: fresh memory)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 class Step:
     def __init__(self) -> None:
         torch.manual_seed(0)
@@ -109,18 +103,18 @@ class Step:
         fetch_faults = compute_faults = 0
         iterator = iter(batches)
         while True:
-            faults, began = _faults(), time.perf_counter()
+            faults, began = page_faults(), time.perf_counter()
             try:
                 x, y = next(iterator)
             except StopIteration:
                 break
-            fetched, faults_fetched = time.perf_counter(), _faults()
+            fetched, faults_fetched = time.perf_counter(), page_faults()
             self.optimizer.zero_grad()
             torch.nn.functional.cross_entropy(self.model(x), y).backward()
             self.optimizer.step()
             fetch_s, compute_s = fetch_s + fetched - began, compute_s + time.perf_counter() - fetched
             fetch_faults += faults_fetched - faults
-            compute_faults += _faults() - faults_fetched
+            compute_faults += page_faults() - faults_fetched
             samples, steps = samples + len(y), steps + 1
         return {"samples_per_s": samples / (time.perf_counter() - start), "fetch_ms": 1e3 * fetch_s / steps,
                 "compute_ms": 1e3 * compute_s / steps, "fetch_faults": fetch_faults / steps,

@@ -273,7 +273,6 @@ class BatchBuffers:
     def __init__(self, kept: int = 4, sizes: int = 2) -> None:
         self.kept, self.sizes = kept, sizes
         self._buffers: dict[int, list[Any]] = {}  # bytes -> storages, the size used last at the end
-        self._layouts: dict[tuple[tuple[int, ...], Any], tuple[int, list[int]]] = {}  # (size, dtype) -> bytes, strides
 
     def tensor(self, rows: int, dtype: Any, shape: tuple[int, ...]) -> Any:
         """An empty tensor of ``rows`` x ``shape`` for a batch: in shared memory inside a loader worker (as torch's
@@ -285,16 +284,12 @@ class BatchBuffers:
         if get_worker_info() is not None:
             return _shared_tensor(rows, dtype, shape)
         size = (rows, *shape)
-        layout = self._layouts.get((size, dtype))
-        if layout is None:  # the bytes and the contiguous strides of a batch of this size, worked out once
-            if len(self._layouts) >= 16:  # batches of ever new sizes (items of varying shapes): kept few
-                self._layouts.clear()
-            strides = [int(torch.Size(size[i + 1:]).numel()) for i in range(len(size))]
-            layout = self._layouts[(size, dtype)] = (strides[0] * rows * dtype.itemsize, strides)
-        storage = self._free(layout[0])
+        nbytes = int(torch.Size(size).numel()) * dtype.itemsize
+        storage = self._free(nbytes)
         if storage is None:
             return torch.empty(size, dtype=dtype)
-        return torch.empty(0, dtype=dtype).set_(storage, 0, size, layout[1])
+        stride = [int(torch.Size(size[i + 1:]).numel()) for i in range(len(size))]  # contiguous
+        return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
 
     def _free(self, nbytes: int) -> Any:
         import torch
@@ -370,11 +365,6 @@ class Collated(Sequence[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._list())
-
-    def __eq__(self, other: object) -> bool:
-        return self._list() == (other._list() if isinstance(other, Collated) else other)
-
-    __hash__ = None  # type: ignore[assignment]  # a sequence of (mutable) items, as a list
 
 
 def collate_rows(batch: Any) -> Any:

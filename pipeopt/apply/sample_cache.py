@@ -88,11 +88,11 @@ class FolderSplit:
         labels = self._labels if self.folder.target_transform is None else None
         if labels is not None:  # the labels' batch as torch's collate makes it of the ints, in one step
             picked = labels[positions]
-            return _dataloader.Collated(lambda: list(zip(images, picked.tolist())),
-                                        [images.batch, torch.tensor(picked)], len(picked))
-        targets = [self._target(i) for i in positions.tolist()]  # the user's target_transform: once an item, now
-        return _dataloader.Collated(lambda: list(zip(images, targets)),
-                                    [images.batch, _dataloader.collate_rows(targets)], len(targets))
+            targets, collated = picked.tolist(), torch.tensor(picked)
+        else:  # the user's target_transform: once an item, now
+            targets = [self._target(i) for i in positions.tolist()]
+            collated = _dataloader.collate_rows(targets)
+        return _dataloader.Collated(lambda: list(zip(images, targets)), [images.batch, collated], len(targets))
 
     @functools.cached_property
     def _labels(self) -> np.ndarray | None:
