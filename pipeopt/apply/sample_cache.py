@@ -87,11 +87,11 @@ class FolderSplit:
             return [self.finish(image, i) for image, i in zip(images, positions.tolist())]
         labels = self._labels if self.folder.target_transform is None else None
         if labels is not None:  # the labels' batch as torch's collate makes it of the ints, in one step
-            picked = labels[positions]
-            targets, collated = picked.tolist(), torch.tensor(picked)
-        else:  # the user's target_transform: once an item, now
-            targets = [self._target(i) for i in positions.tolist()]
-            collated = _dataloader.collate_rows(targets)
+            picked = labels[positions]  # (a new array: the batch's tensor of labels is made over it)
+            return _dataloader.Collated(lambda: list(zip(images, picked.tolist())),
+                                        [images.batch, torch.from_numpy(picked)], len(picked))
+        targets = [self._target(i) for i in positions.tolist()]  # the user's target_transform: once an item, now
+        collated = _dataloader.collate_rows(targets)
         return _dataloader.Collated(lambda: list(zip(images, targets)), [images.batch, collated], len(targets))
 
     @functools.cached_property

@@ -86,6 +86,7 @@ class _Files:
         self.index = memoryview(index_map).cast("q")
         self.data = memoryview(data_map)
         self._bytes: torch.Tensor | None = None  # the data file as a uint8 tensor (made on a first gather)
+        self._rows: dict[int, torch.Tensor] = {}  # row size -> the file as rows of that size, from every byte on
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the index and the data file as NumPy arrays
 
     @classmethod
@@ -121,16 +122,19 @@ class _Files:
         size = out.numel() * out.element_size() // max(1, len(offsets))
         if size == 0:
             return
-        rows = out.reshape(-1).view(torch.uint8).view(len(offsets), size)
-        if self._bytes is None:
-            with warnings.catch_warnings():  # the map is read-only: torch warns that a tensor over it would be too
-                warnings.simplefilter("ignore", UserWarning)
-                self._bytes = torch.frombuffer(self._data_map, dtype=torch.uint8)
-        starts = self._bytes.as_strided((self._bytes.numel() - size + 1, size), (1, 1))
-        torch.index_select(starts, 0, torch.as_tensor(offsets, dtype=torch.int64), out=rows)
+        rows = self._rows.get(size)
+        if rows is None:
+            if self._bytes is None:
+                with warnings.catch_warnings():  # the map is read-only: torch warns that a tensor over it would be too
+                    warnings.simplefilter("ignore", UserWarning)
+                    self._bytes = torch.frombuffer(self._data_map, dtype=torch.uint8)
+            rows = self._rows[size] = self._bytes.as_strided((self._bytes.numel() - size + 1, size), (1, 1))
+        index = torch.from_numpy(offsets) if isinstance(offsets, np.ndarray) else torch.as_tensor(offsets)
+        torch.index_select(rows, 0, index, out=out.view(-1).view(torch.uint8).view(len(offsets), size))
 
     def close(self) -> None:
         self._bytes = self._arrays = None  # before the maps close: the tensor and the arrays hold views of them
+        self._rows.clear()
         self.index.release()
         self.data.release()
         for mapped in (self._index_map, self._data_map):
@@ -245,15 +249,17 @@ class SampleStore:
         if not len(positions):
             return []
         files = self._open()
-        index, data = files.arrays()
         at = np.asarray(positions, dtype=np.int64)
+        bare = self._bare
+        if bare is not None and bare.starts is not None:  # every record known: where its bytes start, nothing to check
+            return bare.read(files, bare.starts[at], self._batches.tensor(len(at), bare.dtype, bare.shape))
+        index, data = files.arrays()
         slots = _HEADER + 2 * at
         if not index[slots + 1].all():  # (the length first: it is published after the offset)
             return None
         offsets = index[slots]
-        bare = self._bare
-        if bare is not None and bare.fits(data, at, offsets):
-            return bare.read(files, offsets, self._batches.tensor(len(at), bare.dtype, bare.shape))
+        if bare is not None and bare.fits(index, data, at, offsets):
+            return bare.read(files, offsets + bare.start, self._batches.tensor(len(at), bare.dtype, bare.shape))
         first = int(offsets[0])
         count, length = _FRAME.unpack_from(files.data, first)
         head = _FRAME.size + 8 * count
@@ -273,9 +279,9 @@ class SampleStore:
             if count == 1 and items[0] is views[0][0]:  # the record is its tensor alone (a cached image, say)
                 layout = _Bare(bytes(files.data[first:first + head + length]), *kinds[0],
                                _buffer_starts(head + length, sizes)[0], np.zeros(self.length, dtype=bool))
-                if layout.fits(data, at, offsets):  # ... and so is every other one, pickled alike
+                if layout.fits(index, data, at, offsets):  # ... and so is every other one, pickled alike
                     self._bare = layout
-                    return layout.read(files, offsets, batch[0])
+                    return layout.read(files, offsets + layout.start, batch[0])
             for view, start, size in zip(views[1:], (offsets[1:] + head).tolist(), lengths[1:].tolist()):
                 items.append(pickle.loads(bytes(files.data[start:start + size]), buffers=view))
         except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
@@ -451,19 +457,22 @@ def _running(pid: int) -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Bare:
     """How a record that is a tensor alone lies: its first bytes (frame, buffer size, pickle), the tensor's dtype and
     shape, and where its bytes start - and which positions' records are known to lie so (``seen``: a position's
-    bytes are written once, where they stay, so each record is compared once)."""
+    bytes are written once, where they stay, so each record is compared once). Once every position's is known,
+    ``starts`` holds where each one's tensor bytes start in the data file: a batch is then read with one lookup and
+    one gather, nothing checked again."""
 
     head: bytes
     dtype: torch.dtype
     shape: tuple[int, ...]
     start: int
     seen: np.ndarray  # a flag per position of the store
+    starts: np.ndarray | None = None  # each position's tensor bytes in the data file, once every record is known
 
-    def fits(self, data: np.ndarray, positions: np.ndarray, offsets: np.ndarray) -> bool:
+    def fits(self, index: np.ndarray, data: np.ndarray, positions: np.ndarray, offsets: np.ndarray) -> bool:
         """Every record at ``offsets`` (those of ``positions``) begins with these bytes: it is such a tensor, pickled
         alike."""
         new = ~self.seen[positions]
@@ -475,12 +484,15 @@ class _Bare:
         if not (data[fresh[:, None] + np.arange(span)] == np.frombuffer(self.head, np.uint8)).all():
             return False
         self.seen[positions[new]] = True
+        if self.seen.all():  # (a record seen is stored, and stays where it is)
+            self.starts = index[_HEADER::2][:len(self.seen)] + self.start
         return True
 
-    def read(self, files: _Files, offsets: np.ndarray, batch: torch.Tensor) -> Sequence[Any]:
-        """The records' tensors read into the rows of ``batch``: the rows, ``Collated`` with it."""
-        files.gather(offsets + self.start, batch)
-        return _dataloader.Collated(lambda: batch.unbind(0), batch, len(offsets))
+    def read(self, files: _Files, starts: np.ndarray, batch: torch.Tensor) -> Sequence[Any]:
+        """The tensors whose bytes start at ``starts`` read into the rows of ``batch``: the rows, ``Collated`` with
+        it."""
+        files.gather(starts, batch)
+        return _dataloader.Collated(lambda: batch.unbind(0), batch, len(starts))
 
 
 class _Probe:

@@ -416,6 +416,23 @@ def test_whole_items_read_a_batch_at_a_time_collate_to_the_same_batches_bit_for_
     cache.close()
 
 
+def test_a_store_whose_every_record_is_known_reads_each_batch_from_where_its_records_lie(tmp_path):
+    """Once every position's record has been read as a tensor alone, a batch is read by where each one's bytes
+    start (no check left): the batches still equal the items stacked, whatever their order, repeats included -
+    also where the records were stored in another order than their positions."""
+    order = [5, 2, 7, 0, 3, 6, 1, 4]  # stored in this order: a position's bytes are not at 8 x position
+    kept = {i: torch.randn(2, 3, generator=torch.Generator().manual_seed(i)) for i in order}
+    store = SampleStore(tmp_path / "s", len(order), 1 << 20)
+    for i in order:
+        assert store.put(i, encode(kept[i]), 0)
+    batches = [[0, 1, 2], [3, 4], [5, 6, 7], [7, 0, 7, 3], list(range(8))[::-1], [4]]  # every one known by the third
+    for positions in batches:
+        rows = store.get_rows(positions)
+        assert isinstance(rows, _dataloader.Collated)
+        assert torch.equal(rows.batch, torch.stack([kept[i] for i in positions]))
+    store.remove()
+
+
 def test_a_record_laid_out_otherwise_is_never_read_as_the_tensors_read_before(tmp_path):
     """Once a batch of records that are a tensor alone has been read, later batches of records pickled alike are read
     without unpickling them; a record of another shape or dtype with the same number of bytes is not one of them:
