@@ -140,6 +140,27 @@ def test_a_batchs_memory_is_used_again_only_once_nothing_refers_to_it(hold, read
     assert all(t.data_ptr() != memory for t in elsewhere)
 
 
+def test_a_batch_on_kept_memory_is_a_tensor_of_its_own_whatever_the_one_before_it_was_made_into():
+    """A later batch on the same memory is a new tensor, without anything the user's code did to the one before
+    (autograd flags, attributes) and without a base; memory first kept under inference mode (a validation batch)
+    makes batches that train."""
+    buffers = _dataloader.BatchBuffers()
+    with torch.inference_mode():
+        memory = buffers.tensor(4, torch.float32, (8,)).data_ptr()  # read, used and dropped in validation
+    first = buffers.tensor(4, torch.float32, (8,))
+    assert first.data_ptr() == memory
+    first.requires_grad_(True)
+    first.note = "the user's"
+    del first
+    batch = buffers.tensor(4, torch.float32, (8,)).fill_(1.0)
+    assert batch.data_ptr() == memory  # the same memory ...
+    assert not batch.requires_grad and not hasattr(batch, "note") and batch._base is None and batch.is_leaf
+    assert not batch.is_inference()
+    weight = torch.ones(8, requires_grad=True)
+    (batch * weight).sum().backward()  # saved for backward: an inference tensor could not be
+    assert torch.equal(weight.grad, torch.full((8,), 4.0))
+
+
 def test_the_row_collate_stacks_items_it_did_not_read_as_torch_does_views_of_0_d_tensors_too():
     """Items a reading loader made itself (a miss) reach ``collate_rows`` as the user's dataset made them: a view of
     a 0-d tensor (``(x @ w).unsqueeze(0)``) has a base with no rows, and is stacked as torch's collate does."""
