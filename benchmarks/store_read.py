@@ -11,7 +11,10 @@ The validation chain's cached items (3 x 112 x 112 float32 images, a label each)
 - **store**: the same DataLoader reading the items from a ``SampleStore`` the way pipeopt's kept cache of the
   validation chain does (the image alone stored, its label joined after the read - ``FolderSplit``; ``CachedDataset``
   reading a batch's rows straight into its tensors, ``collate_rows``, batch memory used again);
-- **store, read ahead**: that loader run one batch ahead on a thread of the training process.
+- **store, read ahead**: that loader run one batch ahead on a thread of the training process;
+- **the copy alone**: each batch's images gathered (one ``index_select``, the shuffled order of a DataLoader) from
+  all of them held in one tensor into memory used before, its labels picked: no loader, no store, no Python around
+  it - the least any loader pays that hands the step a batch of its own in the training thread.
 Each step is split in two: taking the batch from the loader (fetch) and the step on it (compute), each with the
 page faults it took (a page of fresh memory touched for the first time: torch's collate stacks each batch into new
 memory, whose pages fault in the fetch and then in the step - or not, as the allocator reuses memory). It also
@@ -72,6 +75,15 @@ class Folder:
 
     def loader(self, i: int) -> torch.Tensor:
         return self.images[i]
+
+
+def gathered(images: torch.Tensor, labels: torch.Tensor, kept: int = 3) -> Iterator[Any]:
+    """An epoch of shuffled batches, each gathered from ``images`` into one of ``kept`` tensors used in turn."""
+    into = [torch.empty(BATCH, *images.shape[1:], dtype=images.dtype) for _ in range(kept)]
+    order = torch.randperm(len(images))
+    for k in range(len(images) // BATCH):
+        picked = order[k * BATCH:(k + 1) * BATCH]
+        yield torch.index_select(images, 0, picked, out=into[k % kept]), labels[picked]
 
 
 def read_ahead(batches: Iterable[Any], depth: int = 2) -> Iterator[Any]:
@@ -147,8 +159,11 @@ def main(argv: list[str] | None = None) -> int:
                                 collate_fn=_dataloader.collate_rows),
         }
         resident = list(loaders["items"])
+        images = torch.stack([image for image, _ in items.items])
+        labels = torch.tensor([label for _, label in items.items])
         arms = {"resident": lambda: resident, "items": lambda: loaders["items"], "store": lambda: loaders["store"],
-                "store, read ahead": lambda: read_ahead(loaders["store"])}
+                "store, read ahead": lambda: read_ahead(loaders["store"]),
+                "the copy alone": lambda: gathered(images, labels)}
         step = Step()
         for make in arms.values():  # warm-up: the allocator, the store's pages, torch's threads
             step.epoch(make())
