@@ -304,7 +304,7 @@ class BatchBuffers:
         import torch
 
         owners = getattr(torch._C, "_storage_Use_Count", None)
-        if owners is None:  # a torch without the count: every batch gets memory of its own
+        if owners is None or not key[0] or 0 in key[2]:  # a torch without the count, or no memory: a batch of its own
             return None
         kept = self._buffers.pop(key, [])
         self._buffers[key] = kept  # now the shape used last
