@@ -85,7 +85,6 @@ class _Files:
         self.data_fd, self.lock_fd = data_fd, lock_fd
         self.index = memoryview(index_map).cast("q")
         self.data = memoryview(data_map)
-        self._bytes: torch.Tensor | None = None  # the data file as a uint8 tensor (made on a first gather)
         self._rows: dict[int, torch.Tensor] = {}  # row size -> the file as rows of that size, from every byte on
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the index and the data file as NumPy arrays
 
@@ -124,16 +123,15 @@ class _Files:
             return
         rows = self._rows.get(size)
         if rows is None:
-            if self._bytes is None:
-                with warnings.catch_warnings():  # the map is read-only: torch warns that a tensor over it would be too
-                    warnings.simplefilter("ignore", UserWarning)
-                    self._bytes = torch.frombuffer(self._data_map, dtype=torch.uint8)
-            rows = self._rows[size] = self._bytes.as_strided((self._bytes.numel() - size + 1, size), (1, 1))
-        index = torch.from_numpy(offsets) if isinstance(offsets, np.ndarray) else torch.as_tensor(offsets)
-        torch.index_select(rows, 0, index, out=out.view(-1).view(torch.uint8).view(len(offsets), size))
+            with warnings.catch_warnings():  # the map is read-only: torch warns that a tensor over it would be too
+                warnings.simplefilter("ignore", UserWarning)
+                whole = torch.frombuffer(self._data_map, dtype=torch.uint8)
+            rows = self._rows[size] = whole.as_strided((whole.numel() - size + 1, size), (1, 1))
+        into = out.view(-1).view(torch.uint8).view(len(offsets), size)  # out's bytes, a row per offset
+        torch.index_select(rows, 0, torch.as_tensor(offsets), out=into)
 
     def close(self) -> None:
-        self._bytes = self._arrays = None  # before the maps close: the tensor and the arrays hold views of them
+        self._arrays = None  # before the maps close: the row views and the arrays hold views of them
         self._rows.clear()
         self.index.release()
         self.data.release()
