@@ -278,14 +278,12 @@ class CachedDataset(Dataset):
         it on without stacking); any other batch is read item by item."""
         if self.rows and not self.broken:
             positions = np.fromiter(map(operator.index, indices), dtype=np.int64, count=len(indices))
-            # each in [0, len): a negative index (as its uint64, past any length) is read item by item, as below
-            if not len(positions) or positions.view(np.uint64).max() < len(self):
-                try:
-                    items = self.store.get_rows(positions)
-                except Exception:  # the store cannot be read: made as without it, from now on
-                    self.broken, items = True, None
-                if items is not None:
-                    return self.split.finish_rows(items, positions)
+            try:  # (a negative index, or one past the end, is no position of the store: read item by item, below)
+                items = self.store.get_rows(positions)
+            except Exception:  # the store cannot be read: made as without it, from now on
+                self.broken, items = True, None
+            if items is not None:
+                return self.split.finish_rows(items, positions)
         return [self[i] for i in indices]
 
     def image(self, i: int) -> np.ndarray:

@@ -236,8 +236,9 @@ class SampleStore:
         of stacking: one copy of each sample's bytes in all, none of them through buffers of their own, into memory
         used for batches before where it is free (``_dataloader.BatchBuffers``: fresh memory faults on each page).
         The records' offsets and frames are read for the whole batch at once. None when one of the positions is not
-        stored, or the items are not alike (a field that is not a plain tensor, or whose dtype or shape differs
-        between them): the caller reads them one by one.
+        stored (one below 0 or past the store's length included: it names no record), or the items are not alike (a
+        field that is not a plain tensor, or whose dtype or shape differs between them): the caller reads them one by
+        one.
 
         Where every record is a tensor alone, pickled alike (whole images, say), the items are the rows, which come
         ``Collated`` with their tensor, and how such a record lies is kept (``_Bare``): a later batch whose records
@@ -247,8 +248,10 @@ class SampleStore:
         start, picked by position, and one gather: nothing is checked again."""
         if not len(positions):
             return []
-        files = self._open()
         at = np.asarray(positions, dtype=np.int64)
+        if at.view(np.uint64).max() >= self.length:  # below 0 (as a uint64, past any length) or past the end
+            return None
+        files = self._open()
         bare = self._bare
         if bare is not None and bare.starts is not None:  # every record known: where its bytes start, nothing to check
             return bare.read(files, bare.starts[at], self._batches.tensor(len(at), bare.dtype, bare.shape))

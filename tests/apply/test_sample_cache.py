@@ -37,6 +37,19 @@ class Counted(Dataset):
         return {"x": torch.randn(3, 5, generator=g), "y": i % 7, "name": f"item{i}"}
 
 
+class Listed(Dataset):
+    """A list's items, and its errors (an index out of range)."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        return self.items[i]
+
+
 class TorchRandom(Counted):
     def __getitem__(self, i: int):
         return torch.rand(2), i
@@ -432,6 +445,29 @@ def test_a_store_whose_every_record_is_known_reads_each_batch_from_where_its_rec
         assert torch.equal(rows.batch, torch.stack([kept[i] for i in positions]))
     store.remove()
 
+
+
+def test_a_batch_with_a_position_outside_the_store_is_not_read_as_rows(tmp_path):
+    """A position below 0 or past the store's length names no record: ``get_rows`` reads no batch for it (its caller
+    then reads item by item, where the dataset says what is wrong with the index) - before every record is known, and
+    after, where a batch is where each one's bytes start - instead of a record at the end, or the index's header."""
+    kept = [torch.randn(2, 3, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    store = SampleStore(tmp_path / "s", len(kept), 1 << 20)
+    for i, tensor in enumerate(kept):
+        assert store.put(i, encode(tensor), 0)
+    outside = ([-1, 0], [0, -4], [4], [1, 2**40], [-(2**63)])
+    for positions in outside:  # no record read yet
+        assert store.get_rows(positions) is None
+    assert torch.equal(store.get_rows([0, 1, 2, 3]).batch, torch.stack(kept))  # every record known from here
+    for positions in outside:
+        assert store.get_rows(positions) is None
+    assert torch.equal(store.get_rows([3, 3, 0]).batch, torch.stack([kept[3], kept[3], kept[0]]))
+    reader = CachedDataset(WholeSplit(Listed(kept)), store, read=True, rows=True)
+    first, last = reader.__getitems__([0, -1])  # a negative index counts from the end, as the dataset's own does
+    assert torch.equal(first, kept[0]) and torch.equal(last, kept[-1])
+    with pytest.raises(IndexError):  # the dataset's own error, as without the store
+        reader.__getitems__([0, 4])
+    store.remove()
 
 def test_a_record_laid_out_otherwise_is_never_read_as_the_tensors_read_before(tmp_path):
     """Once a batch of records that are a tensor alone has been read, later batches of records pickled alike are read
