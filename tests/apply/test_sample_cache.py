@@ -446,7 +446,6 @@ def test_a_store_whose_every_record_is_known_reads_each_batch_from_where_its_rec
     store.remove()
 
 
-
 def test_a_batch_with_a_position_outside_the_store_is_not_read_as_rows(tmp_path):
     """A position below 0 or past the store's length names no record: ``get_rows`` reads no batch for it (its caller
     then reads item by item, where the dataset says what is wrong with the index) - before every record is known, and
@@ -468,6 +467,7 @@ def test_a_batch_with_a_position_outside_the_store_is_not_read_as_rows(tmp_path)
     with pytest.raises(IndexError):  # the dataset's own error, as without the store
         reader.__getitems__([0, 4])
     store.remove()
+
 
 def test_a_record_laid_out_otherwise_is_never_read_as_the_tensors_read_before(tmp_path):
     """Once a batch of records that are a tensor alone has been read, later batches of records pickled alike are read
