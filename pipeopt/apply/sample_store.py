@@ -235,10 +235,9 @@ class SampleStore:
         tensor per field of the batch (one gather a field), which ``_dataloader.collate_rows`` hands on whole instead
         of stacking: one copy of each sample's bytes in all, none of them through buffers of their own, into memory
         used for batches before where it is free (``_dataloader.BatchBuffers``: fresh memory faults on each page).
-        The records' offsets and frames are read for the whole batch at once. None when one of the positions is not
-        stored (one below 0 or past the store's length included: it names no record), or the items are not alike (a
-        field that is not a plain tensor, or whose dtype or shape differs between them): the caller reads them one by
-        one.
+        The records' offsets and frames are read for the whole batch at once. None when a position is not stored (one
+        below 0 or past the end names no record), or the items are not alike (a field that is not a plain tensor, or
+        whose dtype or shape differs between them): the caller reads them one by one.
 
         Where every record is a tensor alone, pickled alike (whole images, say), the items are the rows, which come
         ``Collated`` with their tensor, and how such a record lies is kept (``_Bare``): a later batch whose records
