@@ -37,19 +37,6 @@ class Counted(Dataset):
         return {"x": torch.randn(3, 5, generator=g), "y": i % 7, "name": f"item{i}"}
 
 
-class Listed(Dataset):
-    """A list's items, and its errors (an index out of range)."""
-
-    def __init__(self, items: list) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):
-        return self.items[i]
-
-
 class TorchRandom(Counted):
     def __getitem__(self, i: int):
         return torch.rand(2), i
@@ -461,7 +448,7 @@ def test_a_batch_with_a_position_outside_the_store_is_not_read_as_rows(tmp_path)
     for positions in outside:
         assert store.get_rows(positions) is None
     assert torch.equal(store.get_rows([3, 3, 0]).batch, torch.stack([kept[3], kept[3], kept[0]]))
-    reader = CachedDataset(WholeSplit(Listed(kept)), store, read=True, rows=True)
+    reader = CachedDataset(WholeSplit(kept), store, read=True, rows=True)  # a list: its items, its IndexError
     first, last = reader.__getitems__([0, -1])  # a negative index counts from the end, as the dataset's own does
     assert torch.equal(first, kept[0]) and torch.equal(last, kept[-1])
     with pytest.raises(IndexError):  # the dataset's own error, as without the store
