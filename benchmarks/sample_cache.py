@@ -17,6 +17,10 @@ For each scenario, in one invocation and in rounds whose order rotates (every re
   from the two-epoch fits beside it (the bias of that yardstick). Every fit also records the training process's
   page faults a step from epoch 2: a step whose own memory is fresh to the process runs slower, in any arm;
 - **pipeopt**: the naive loader (``num_workers=0``) under ``PipeOpt(tune=...)`` with the ``"cache"`` group.
+Every fit runs under one heap policy (``harness.steady_heap``, written as ``heap`` in the results): memory a step
+frees stays in the process for the next step. Left to glibc's defaults, whether the same step faulted ~1,100-1,800
+fresh pages a step (and ran ~1.4x slower) depended on what the arms before it had left in the heap, in the ceiling
+too.
 Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
 epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
 Memory: the peak of the whole process tree's memory (main process and loader workers), sampled every 0.5 s: the
@@ -50,7 +54,7 @@ import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.harness import median, page_faults
+from benchmarks.harness import median, page_faults, steady_heap
 from benchmarks.run import RESULTS, keep_in_history, machine, write_markdown
 from benchmarks.scenarios.base import label
 from benchmarks.scenarios.workloads import CACHE, Classifier, SlowStorage, jpeg_folder, mlp, small_cnn
@@ -150,7 +154,7 @@ class BatchClock(pl.Callback):
     """The time at the end of every training batch (on a GPU after the device has finished the step), and the
     training process's minor page faults so far: a step whose memory is fresh to the process faults on each page,
     which moved a step of the validation chain from ~3.7 to ~5 ms, in any arm, with the allocator's state
-    (``benchmarks/results/README.md``, twenty-eighth pass)."""
+    (``benchmarks/results/README.md``, twenty-eighth pass) - ~0 a step under ``steady_heap``."""
 
     def __init__(self) -> None:
         self.ends: list[float] = []
@@ -164,15 +168,22 @@ class BatchClock(pl.Callback):
 
 
 class PeakMemory:
-    """The largest memory of this process and all its descendants, sampled every ``every_s`` in a thread: the sum of
-    their proportional set sizes (``_own_memory``) without the shared memory they map, plus what the RAM-backed
-    ``/dev/shm`` holds beyond what it held at the start - shared memory (the sample store, which every reader maps;
-    the batches workers hand over) counted once, not once per process that maps it. A page that n processes map
-    counts 1/n in each, so the pages a forked loader worker shares with the training process are counted once (a
-    sum of RSS counted them in every worker: 21-24 GB for a tree whose store held 2.3 GB)."""
+    """The largest memory of this process and all its descendants, sampled in a thread: the sum of their proportional
+    set sizes (``_own_memory``) without the shared memory they map, plus what the RAM-backed ``/dev/shm`` holds beyond
+    what it held at the start - shared memory (the sample store, which every reader maps; the batches workers hand
+    over) counted once, not once per process that maps it. A page that n processes map counts 1/n in each, so the
+    pages a forked loader worker shares with the training process are counted once (a sum of RSS counted them in
+    every worker: 21-24 GB for a tree whose store held 2.3 GB).
 
-    def __init__(self, every_s: float = 0.5) -> None:
-        self.peak, self._every, self._stop = 0, every_s, threading.Event()
+    The sampler must not slow the fit it measures. The kernel makes ``smaps_rollup`` by walking every page a process
+    maps: ~60 ms of CPU for a process of 3.6 GB (the benchmark's own resident batches and items are in every arm's
+    process and in the workers it forks), where ``status`` takes ~0.2 ms. Sampled every 0.5 s, it took ~11 % of a
+    core from a fit of validation_chain_long's cache. So a process alone (no workers: it shares no page with the
+    tree) is read from ``status``, which then gives the same figure to within ~1 MiB, and the next sample waits at
+    least ``share`` times the CPU the last one took: the sampler takes at most 1/``share`` of a core."""
+
+    def __init__(self, every_s: float = 0.5, share: float = 20.0) -> None:
+        self.peak, self._every, self._share, self._stop = 0, every_s, share, threading.Event()
         self._shm_at_start = _shm_used()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -187,19 +198,22 @@ class PeakMemory:
     def _run(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
+            cpu = time.thread_time()
+            tree = [me, *descendants(me)]  # pipeopt's own: no scan of every process twice a second
             total = max(0, _shm_used() - self._shm_at_start)
-            for p in [me, *descendants(me)]:  # pipeopt's own: no scan of every process twice a second
-                total += _own_memory(p.pid)
+            for p in tree:
+                total += _own_memory(p.pid, alone=len(tree) == 1)
             self.peak = max(self.peak, total)
-            self._stop.wait(self._every)
+            self._stop.wait(max(self._every, self._share * (time.thread_time() - cpu)))
 
 
-def _own_memory(pid: int) -> int:
+def _own_memory(pid: int, *, alone: bool = False) -> int:
     """A process's share of the memory it maps, less the shared memory (Linux's ``/proc/<pid>/smaps_rollup``: ``Pss``
-    less ``Pss_Shmem``); where the kernel gives no such split, its resident bytes less the shared memory it maps
-    (``VmRSS`` less ``RssShmem`` in ``/proc/<pid>/status``). 0 for a process that ended meanwhile."""
+    less ``Pss_Shmem``); for a process ``alone`` in its tree, or where the kernel gives no such split, its resident
+    bytes less the shared memory it maps (``VmRSS`` less ``RssShmem`` in ``/proc/<pid>/status``). 0 for a process
+    that ended meanwhile."""
     try:
-        rollup = _kilobytes(Path(f"/proc/{pid}/smaps_rollup"))
+        rollup = {} if alone else _kilobytes(Path(f"/proc/{pid}/smaps_rollup"))
         if "Pss" in rollup and "Pss_Shmem" in rollup:
             return 1024 * (rollup["Pss"] - rollup["Pss_Shmem"])
         status = _kilobytes(Path(f"/proc/{pid}/status"))
@@ -378,12 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    heap = steady_heap()
     path = RESULTS / "sample_cache.json"
     results = json.loads(path.read_text()) if path.exists() else {"scenarios": {}}
     command = "python -m benchmarks.sample_cache " + " ".join(argv if argv is not None else sys.argv[1:])
     for name in args.scenarios:
         figures = scenario_figures(SCENARIOS[name], args.repeats)
-        figures.update(command=command.strip(), machine=machine(),
+        figures.update(command=command.strip(), machine=machine(), heap=heap,
                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         results["scenarios"][name] = figures
         keep_in_history({**figures, "scenario": f"sample_cache_{name}"})
