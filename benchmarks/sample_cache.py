@@ -464,7 +464,10 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
               "step; - where not measured. Whole fit: every epoch's samples over the time from the fit's start "
               "(the first epoch's fill and trials included), against the best DataLoader's. The ceiling / the ceiling "
               "beside it: the ceiling arm's fit against the two-epoch fits just before and after it - what that "
-              "yardstick reads of the same step over a whole fit. Per-epoch figures, the "
+              "yardstick reads of the same step over a whole fit. Heap: "
+              f"{', '.join(n for n, s in data['scenarios'].items() if s.get('heap')) or 'no scenario'} ran under "
+              "one heap policy for every fit (`harness.steady_heap`); the others under glibc's defaults, where a "
+              "step's fresh pages moved any arm, the ceiling too, by up to ~1.4x. Per-epoch figures, the "
               "cache's hit rate and fill cost per run are in "
               "`sample_cache.json`."]
     return lines
