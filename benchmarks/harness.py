@@ -115,6 +115,7 @@ def steady_heap(trim_bytes: int = 1 << 30, mmap_bytes: int = 32 << 20) -> dict[s
         mallopt = libc.mallopt if libc is not None else None
     except (OSError, AttributeError):
         return None
-    if mallopt is None or not (mallopt(-1, trim_bytes) and mallopt(-3, mmap_bytes)):  # M_TRIM_, M_MMAP_THRESHOLD
+    # malloc.h: M_TRIM_THRESHOLD is -1, M_MMAP_THRESHOLD -3; mallopt returns 0 where it refuses a value
+    if mallopt is None or not (mallopt(-1, trim_bytes) and mallopt(-3, mmap_bytes)):
         return None
     return {"M_TRIM_THRESHOLD": trim_bytes, "M_MMAP_THRESHOLD": mmap_bytes}

@@ -23,12 +23,12 @@ fresh pages a step (and ran ~1.4x slower) depended on what the arms before it ha
 too.
 Each arm runs the same epochs; throughput is measured per epoch (from batch-end times) and "from epoch 2" (every
 epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
-Memory: the peak of the whole process tree's memory (main process and loader workers), sampled every 0.5 s: the
-sum of their proportional set sizes less the shared memory they map, plus the shared memory in use (``PeakMemory``:
-a page a forked worker shares with its parent, and the store, which every reader maps, each counted once) - and the
-store's bytes beside its budget. Writes ``benchmarks/results/sample_cache.json``
-(merged per scenario, so the two venvs' runs sit side by side), a copy in ``results/history/`` and the tables in
-``results/README.md``.
+Memory: the peak of the whole process tree's memory (main process and loader workers), sampled every 0.5 s or less
+often (the sampler takes at most 1/20 of a core): the sum of their proportional set sizes less the shared memory
+they map, plus the shared memory in use (``PeakMemory``: a page a forked worker shares with its parent, and the
+store, which every reader maps, each counted once) - and the store's bytes beside its budget. Writes
+``benchmarks/results/sample_cache.json`` (merged per scenario, so the two venvs' runs sit side by side), a copy in
+``results/history/`` and the tables in ``results/README.md``.
 """
 
 from __future__ import annotations
