@@ -16,6 +16,10 @@ For each scenario, in one invocation and in rounds whose order rotates (every re
   ceiling measured next to it in time; the ceiling arm too, which tells how far a whole fit of the ceiling reads
   from the two-epoch fits beside it (the bias of that yardstick). Every fit also records the training process's
   page faults a step from epoch 2: a step whose own memory is fresh to the process runs slower, in any arm;
+- **the ceiling between an arm's epochs**: two epochs of the ceiling run in the arm's own process after each of its
+  epochs (``CeilingBetween``; the pause is taken out of the arm's times): each epoch from the second is read against
+  the ceiling ~1 s either side of it, where the brackets above lie a whole fit apart. The ceiling arm is read so too:
+  what this yardstick reads of the same step;
 - **pipeopt**: the naive loader (``num_workers=0``) under ``PipeOpt(tune=...)`` with the ``"cache"`` group.
 Every fit runs under one heap policy (``harness.steady_heap``, written as ``heap`` in the results): memory a step
 frees stays in the process for the next step. Left to glibc's defaults, whether the same step faulted ~1,100-1,800
@@ -38,6 +42,7 @@ import io
 import json
 import logging
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -48,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytorch_lightning as pl
 import torch
@@ -241,34 +247,94 @@ def _shm_used() -> int:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
-def epoch_rates(ends: list[float], steps: int, batch_size: int, start: float) -> list[float]:
-    """Samples/s of each epoch: its batches over the time from the previous epoch's last batch end."""
+def epoch_rates(ends: list[float], steps: int, batch_size: int, start: float,
+                paused: list[float] | None = None) -> list[float]:
+    """Samples/s of each epoch: its batches over the time from the previous epoch's last batch end, less the time
+    the fit was ``paused`` after that epoch (``CeilingBetween``)."""
     rates, previous = [], start
     for k in range(len(ends) // steps):
         last = ends[(k + 1) * steps - 1]
-        rates.append(steps * batch_size / (last - previous))
+        away = paused[k - 1] if paused and k else 0.0
+        rates.append(steps * batch_size / (last - previous - away))
         previous = last
     return rates
 
 
-def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback], epochs: int | None = None) -> dict[str, Any]:
+def _trainer(callbacks: list[pl.Callback], epochs: int) -> pl.Trainer:
+    return pl.Trainer(accelerator="auto", devices=1, max_epochs=epochs, callbacks=callbacks, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+class CeilingBetween(pl.Callback):
+    """The ceiling, measured in the fit's own process between its epochs: after every training epoch, a fit of two
+    epochs of the same step over the resident batches (its second epoch's rate kept), the fit it pauses left where
+    it was (the RNGs' states put back; the pause is taken out of the fit's epoch times and page faults).
+
+    Brackets before and after a whole fit lie a fit's length apart (~18 s for pipeopt's, whose epochs from the
+    second take the last ~3 s), over which the host's pace swings by up to ~1.3x; an epoch read against the ceiling
+    run just before and just after it (~1 s each side) compares the two under the same pace. Between epochs no step
+    is under way and nothing loads for the fit (its loader's iterator has ended; pipeopt counts no step across an
+    epoch's end), so the pause does not help or hinder the epoch after it."""
+
+    def __init__(self, s: CacheScenario, resident: Resident) -> None:
+        self.s, self.resident = s, resident
+        self.rates: list[float] = []  # the ceiling's samples/s after each epoch of the fit
+        self.paused: list[float] = []  # seconds each pause took
+        self.faults: list[int] = []  # page faults in each pause
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        start, faults = time.perf_counter(), page_faults()
+        self.rates.append(ceiling_pace(self.s, self.resident))
+        self.faults.append(page_faults() - faults)
+        self.paused.append(time.perf_counter() - start)
+
+    def over(self, rates: list[float]) -> dict[str, Any]:
+        """A fit's epochs from the second against the ceiling just before and after each (the mean of the two
+        rates): each epoch's ratio, and from epoch 2 the time the ceiling would take for those epochs' samples over
+        the time they took."""
+        beside = [(a + b) / 2 for a, b in zip(self.rates, self.rates[1:])]
+        ratios = [r / c for r, c in zip(rates[1:], beside)]
+        return {"ceiling_between_samples_per_s": self.rates, "paused_s": self.paused,
+                "epoch_over_ceiling_between": ratios,
+                "over_ceiling_between": sum(1 / c for c in beside) / sum(1 / r for r in rates[1:len(beside) + 1])}
+
+
+def ceiling_pace(s: CacheScenario, resident: Resident) -> float:
+    """The ceiling's samples/s over the second of two epochs, run now in this process; the global RNGs (a model's
+    initialisation draws from torch's) are as they were after it."""
+    clock = BatchClock()
+    states = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        _trainer([clock], 2).fit(s.make_model(), resident)
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    steps = len(resident)
+    return steps * s.batch_size / (clock.ends[-1] - clock.ends[steps - 1])
+
+
+def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback], epochs: int | None = None,
+        between: Resident | None = None) -> dict[str, Any]:
+    """One fit, its throughput epoch by epoch; with ``between``, the ceiling over those batches is also run between
+    its epochs (``CeilingBetween``) and each epoch read against it."""
     pl.seed_everything(0, verbose=False)
     clock = BatchClock()
     epochs = epochs or s.epochs
-    trainer = pl.Trainer(accelerator="auto", devices=1, max_epochs=epochs, callbacks=[clock, *callbacks],
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    ceiling = None if between is None else CeilingBetween(s, between)
+    trainer = _trainer([clock, *callbacks, *([ceiling] if ceiling else [])], epochs)
     with PeakMemory() as memory:
         start = time.perf_counter()
         trainer.fit(s.make_model(), loader)
         wall = time.perf_counter() - start
+    paused = ceiling.paused if ceiling else []
     steps = len(clock.ends) // epochs
-    rates = epoch_rates(clock.ends, steps, s.batch_size, start)
-    from2 = (len(clock.ends) - steps) * s.batch_size / (clock.ends[-1] - clock.ends[steps - 1])
-    whole = len(clock.ends) * s.batch_size / (clock.ends[-1] - start)  # the first epoch's fill and trials too
-    faults = (clock.faults[-1] - clock.faults[steps - 1]) / (len(clock.faults) - steps)
+    rates = epoch_rates(clock.ends, steps, s.batch_size, start, paused)
+    from2 = (len(clock.ends) - steps) * s.batch_size / (clock.ends[-1] - clock.ends[steps - 1] - sum(paused[:-1]))
+    whole = len(clock.ends) * s.batch_size / (clock.ends[-1] - start - sum(paused[:-1]))  # the fill and trials too
+    away = sum(ceiling.faults[:-1]) if ceiling else 0
+    faults = (clock.faults[-1] - clock.faults[steps - 1] - away) / (len(clock.faults) - steps)
     return {"epoch_samples_per_s": rates, "from_epoch2_samples_per_s": from2, "whole_fit_samples_per_s": whole,
-            "wall_s": wall, "peak_memory_bytes": memory.peak, "page_faults_per_step_from_epoch2": faults}
+            "wall_s": wall - sum(paused), "peak_memory_bytes": memory.peak,
+            "page_faults_per_step_from_epoch2": faults, **(ceiling.over(rates) if ceiling else {})}
 
 
 class Resident:
@@ -318,9 +384,10 @@ def bracket(s: CacheScenario, resident: Resident) -> dict[str, Any]:
     return fit(s, resident, [], epochs=2)
 
 
-def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path) -> dict[str, Any]:
+def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path, between: Resident) -> dict[str, Any]:
     callback = PipeOpt(tune=s.tune, report_dir=report_dir, cache=False, console=Console(file=io.StringIO()))
-    out = fit(s, DataLoader(dataset, batch_size=s.batch_size, shuffle=True, drop_last=True), [callback])
+    out = fit(s, DataLoader(dataset, batch_size=s.batch_size, shuffle=True, drop_last=True), [callback],
+              between=between)
     report = callback.report
     cache = report.sample_cache
     out.update(
@@ -343,12 +410,12 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
     rounds = []
     for r in range(repeats):
         arms: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-            ("ceiling", lambda: fit(s, resident, [])),
+            ("ceiling", lambda: fit(s, resident, [], between=resident)),
             *([("items", lambda: fit(s, DataLoader(items, batch_size=s.batch_size, shuffle=True, drop_last=True),
-                                     []))] if items is not None else []),
+                                     [], between=resident))] if items is not None else []),
             *[(label(g), lambda g=g: fit(s, DataLoader(dataset, batch_size=s.batch_size, shuffle=True,
-                                                       drop_last=True, **g), [])) for g in s.grid],
-            ("pipeopt", lambda: pipeopt_arm(s, dataset, Path(tempfile.mkdtemp(prefix="pipeopt-bench-")))),
+                                                       drop_last=True, **g), [], between=resident)) for g in s.grid],
+            ("pipeopt", lambda: pipeopt_arm(s, dataset, Path(tempfile.mkdtemp(prefix="pipeopt-bench-")), resident)),
         ]
         shift = r % len(arms)
         measured, beside, beside_faults = {}, {}, {}
@@ -361,7 +428,8 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
             print(f"{s.name} round {r}: {name}: {measured[name]['from_epoch2_samples_per_s']:,.1f} samples/s "
                   f"from epoch 2, {measured[name]['page_faults_per_step_from_epoch2']:,.0f} page faults a step "
                   f"(ceiling beside it {beside[name]:,.1f}; {beside_faults[name][0]:,.0f} and "
-                  f"{beside_faults[name][1]:,.0f} page faults a step)", flush=True)
+                  f"{beside_faults[name][1]:,.0f} page faults a step; over the ceiling between its epochs "
+                  f"{measured[name]['over_ceiling_between']:.2f})", flush=True)
         grid = {label(g): measured[label(g)] for g in s.grid}
         best = max(grid, key=lambda k: grid[k]["from_epoch2_samples_per_s"])
         p, c = measured["pipeopt"]["from_epoch2_samples_per_s"], measured["ceiling"]["from_epoch2_samples_per_s"]
@@ -369,11 +437,14 @@ def scenario_figures(s: CacheScenario, repeats: int) -> dict[str, Any]:
         bound = {} if items is None else {
             "items_over_ceiling": measured["items"]["from_epoch2_samples_per_s"] / c,
             "pipeopt_over_items": p / measured["items"]["from_epoch2_samples_per_s"],
-            "items_over_ceiling_beside": measured["items"]["from_epoch2_samples_per_s"] / beside["items"]}
+            "items_over_ceiling_beside": measured["items"]["from_epoch2_samples_per_s"] / beside["items"],
+            "items_over_ceiling_between": measured["items"]["over_ceiling_between"]}
         rounds.append({"arms": measured, "best_dataloader": best, **bound, "ceiling_beside": beside,
                        "ceiling_beside_page_faults_per_step": beside_faults,
                        "ceiling_over_ceiling_beside": c / beside["ceiling"],
                        "pipeopt_over_ceiling_beside": p / beside["pipeopt"],
+                       "pipeopt_over_ceiling_between": measured["pipeopt"]["over_ceiling_between"],
+                       "ceiling_over_ceiling_between": measured["ceiling"]["over_ceiling_between"],
                        "pipeopt_over_ceiling": p / c, "pipeopt_over_ceiling_last_epoch": last,
                        "pipeopt_over_best_dataloader": p / grid[best]["from_epoch2_samples_per_s"],
                        "pipeopt_over_best_dataloader_whole_fit": measured["pipeopt"]["whole_fit_samples_per_s"]
@@ -427,13 +498,14 @@ def _bound(rounds: list[dict[str, Any]], key: str) -> str:
 def sample_cache_rows(data: dict[str, Any]) -> list[str]:
     """The results README's rows: per scenario, the ratios from epoch 2 (median [min - max] over rounds)."""
     lines = ["", "| sample cache (`make bench-cache`) | ceiling samples/s | best DataLoader | its samples/s | "
-             "pipeopt samples/s | pipeopt / ceiling | pipeopt / the ceiling beside it | "
-             "the ceiling / the ceiling beside it | "
+             "pipeopt samples/s | pipeopt / ceiling | pipeopt / the ceiling between its epochs | "
+             "the ceiling / the ceiling between its epochs | items in memory / the ceiling between its epochs | "
+             "pipeopt / the ceiling beside it | the ceiling / the ceiling beside it | "
              "pipeopt / ceiling, last epoch | pipeopt / best DataLoader | pipeopt / best DataLoader, whole fit | "
              "items in memory / the ceiling beside it | "
              "pipeopt / items in memory | "
              "pipeopt kept | store used / budget | peak memory of the process tree, pipeopt vs best DataLoader |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, s in data["scenarios"].items():
         rounds = s["rounds"]
         ceiling = [r["arms"]["ceiling"]["from_epoch2_samples_per_s"] for r in rounds]
@@ -448,6 +520,9 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {_mmm(ceiling, '{:,.0f}')} | {bests} | {_mmm(best, '{:,.0f}')} | "
                      f"{_mmm(ours, '{:,.0f}')} | "
                      f"{_mmm([r['pipeopt_over_ceiling'] for r in rounds])} | "
+                     f"{_bound(rounds, 'pipeopt_over_ceiling_between')} | "
+                     f"{_bound(rounds, 'ceiling_over_ceiling_between')} | "
+                     f"{_bound(rounds, 'items_over_ceiling_between')} | "
                      f"{_bound(rounds, 'pipeopt_over_ceiling_beside')} | "
                      f"{_bound(rounds, 'ceiling_over_ceiling_beside')} | "
                      f"{_mmm([r['pipeopt_over_ceiling_last_epoch'] for r in rounds])} | "
@@ -457,14 +532,18 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
                      f"{kept} | {used or '-'} | {pss} |")
     lines += ["", "Sample cache: every arm runs the same epochs, in rounds whose order rotates; figures from epoch 2 "
               "on (every epoch after the first), median [min - max] over the rounds; ratios within a round. Ceiling: "
-              "the same step over one epoch's batches already in memory; the ceiling beside an arm: two epochs of it "
-              "just before and just after that arm (the second's rate, averaged), where measured. Items in memory "
+              "the same step over one epoch's batches already in memory. The ceiling between an arm's epochs: two "
+              "epochs of it run in the arm's process after each of its epochs (the second's rate; the pause taken "
+              "out of the arm's times), each epoch read against the mean of the two either side of it; from epoch 2, "
+              "the time that ceiling would take for those epochs over the time they took (`CeilingBetween`), where "
+              "measured. The ceiling beside an arm: two epochs of it just before and just after that arm's whole fit "
+              "(the second's rate, averaged), where measured. Items in memory "
               "(where every item is deterministic): the same step over a DataLoader of the items made beforehand and "
               "kept in memory - the best a store of whole items can do, a fresh batch still drawn and collated each "
               "step; - where not measured. Whole fit: every epoch's samples over the time from the fit's start "
               "(the first epoch's fill and trials included), against the best DataLoader's. The ceiling / the ceiling "
-              "beside it: the ceiling arm's fit against the two-epoch fits just before and after it - what that "
-              "yardstick reads of the same step over a whole fit. Heap: "
+              "between its epochs, or beside it: the ceiling arm's fit read against that yardstick - what it reads "
+              "of the same step (1 when it is true). Heap: "
               f"{', '.join(n for n, s in data['scenarios'].items() if s.get('heap')) or 'no scenario'} ran under "
               "one heap policy for every fit (`harness.steady_heap`); the others under glibc's defaults, where a "
               "step's fresh pages moved any arm, the ceiling too, by up to ~1.4x. Per-epoch figures, the "
