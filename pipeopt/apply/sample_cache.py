@@ -251,6 +251,14 @@ def fingerprint(split: Split, digest: bytes) -> str:
     return h.hexdigest()[:16]
 
 
+def _positions(indices: Sequence[int]) -> np.ndarray | None:
+    """A batch's indices as int64 positions; None where one is past any int64 (no position of any store)."""
+    try:
+        return np.fromiter(map(operator.index, indices), dtype=np.int64, count=len(indices))
+    except OverflowError:
+        return None
+
+
 class CachedDataset(Dataset):
     """The user's dataset, with the cached part of each item made at most once: on a miss it is made and stored;
     when ``read``, a stored one is decoded instead of made. Items equal the user's bit for bit."""
@@ -277,12 +285,13 @@ class CachedDataset(Dataset):
         straight into one tensor per field of the batch (``SampleStore.get_rows``: ``_dataloader.collate_rows`` hands
         it on without stacking); any other batch is read item by item."""
         if self.rows and not self.broken:
-            positions = np.fromiter(map(operator.index, indices), dtype=np.int64, count=len(indices))
-            try:  # (a negative index, or one past the end, is no position of the store: read item by item, below)
-                items = self.store.get_rows(positions)
+            # (a negative index, one past the end or past any int64 is no position of the store: item by item, below)
+            positions = _positions(indices)
+            try:
+                items = None if positions is None else self.store.get_rows(positions)
             except Exception:  # the store cannot be read: made as without it, from now on
                 self.broken, items = True, None
-            if items is not None:
+            if items is not None and positions is not None:
                 return self.split.finish_rows(items, positions)
         return [self[i] for i in indices]
 

@@ -145,6 +145,16 @@ class _Files:
         os.close(self.lock_fd)
 
 
+def _stored_positions(positions: Sequence[int] | np.ndarray, length: int) -> np.ndarray | None:
+    """``positions`` as int64, or None where one names no record of a store of ``length``: below 0, at or past the
+    end, or past any int64."""
+    try:
+        at = np.asarray(positions, dtype=np.int64)
+    except OverflowError:  # a Python int past any int64: past the end
+        return None
+    return at if at.view(np.uint64).max() < length else None  # (below 0, as a uint64, is past any length)
+
+
 class SampleStore:
     """Bytes per dataset position, in ``directory``; at most ``budget_bytes`` of them (the budget of whoever created
     the store). ``slot``: which of the processes sharing it (a node's ranks) counts its misses. Picklable: a worker
@@ -247,8 +257,8 @@ class SampleStore:
         start, picked by position, and one gather: nothing is checked again."""
         if not len(positions):
             return []
-        at = np.asarray(positions, dtype=np.int64)
-        if at.view(np.uint64).max() >= self.length:  # below 0 (as a uint64, past any length) or past the end
+        at = _stored_positions(positions, self.length)
+        if at is None:
             return None
         files = self._open()
         bare = self._bare

@@ -441,7 +441,7 @@ def test_a_batch_with_a_position_outside_the_store_is_not_read_as_rows(tmp_path)
     store = SampleStore(tmp_path / "s", len(kept), 1 << 20)
     for i, tensor in enumerate(kept):
         assert store.put(i, encode(tensor), 0)
-    outside = ([-1, 0], [0, -4], [4], [1, 2**40], [-(2**63)])
+    outside = ([-1, 0], [0, -4], [4], [1, 2**40], [-(2**63)], [0, 2**63], [2**64])
     for positions in outside:  # no record read yet
         assert store.get_rows(positions) is None
     assert torch.equal(store.get_rows([0, 1, 2, 3]).batch, torch.stack(kept))  # every record known from here
@@ -451,8 +451,10 @@ def test_a_batch_with_a_position_outside_the_store_is_not_read_as_rows(tmp_path)
     reader = CachedDataset(WholeSplit(kept), store, read=True, rows=True)  # a list: its items, its IndexError
     first, last = reader.__getitems__([0, -1])  # a negative index counts from the end, as the dataset's own does
     assert torch.equal(first, kept[0]) and torch.equal(last, kept[-1])
-    with pytest.raises(IndexError):  # the dataset's own error, as without the store
-        reader.__getitems__([0, 4])
+    for indices in ([0, 4], [0, 2**63]):
+        with pytest.raises(IndexError):  # the dataset's own error, as without the store
+            reader.__getitems__(indices)
+    assert not reader.broken
     store.remove()
 
 
