@@ -398,7 +398,9 @@ def pipeopt_arm(s: CacheScenario, dataset: Dataset, report_dir: Path, between: R
             "bytes_used": cache.bytes_used, "budget_bytes": cache.budget_bytes, "fill_s": cache.fill_s,
             "trial_speedup": cache.trial_speedup, "epochs": cache.epochs},
         cache_windows=[w.label for w in callback.windows if w.label.startswith(("cache", "filling"))],
-        notes=[n for n in report.notes if "cache" in n],
+        trials=[{"settings": t.settings, "samples_per_s": t.samples_per_s, "status": t.status, "error": t.error}
+                for t in report.trials],
+        notes=list(report.notes),  # the loader search's too: why a round kept no workers, say
         skipped=[[k.group, k.reason] for k in report.skipped])
     return out
 
