@@ -68,6 +68,7 @@ class Capacity:
     load_cpu: float | None = None
     worker_mem_bytes: int | None = None
     memory_bytes: int | None = None
+    worker_mem_measured: bool = False  # else the training process's private memory stands in for a worker's
 
     def rate(self, workers: int) -> float:
         """Predicted samples/s with ``workers`` loader workers (0: the main process loads)."""
@@ -85,16 +86,40 @@ class Capacity:
         """The largest count worth considering: ``cap``, two per CPU until what loading a sample costs in CPU is
         measured (a CPU-bound loader must be measured before more are started), and what the memory holds."""
         most = cap if self.load_cpu is not None else min(cap, max(1, int(2 * self.cpus)))
-        if self.worker_mem_bytes and self.memory_bytes is not None:
-            most = min(most, self.memory_bytes // self.worker_mem_bytes)
-        return max(1, most)
+        held = self._memory_holds()
+        return max(1, most if held is None else min(most, held))
 
     def best(self, cap: int) -> int:
         """The fewest workers (>= 1) whose supply reaches, within ``CLOSE_ENOUGH``, ``HEADROOM`` times the step's
         rate or the CPU limit, whichever is lower; the most allowed when none does."""
+        return max(1, min(self.most_workers(cap), self._aimed()))
+
+    def held_back(self, cap: int) -> str | None:
+        """Why ``best(cap)`` is fewer workers than the model aims for, in words for the report: the memory the
+        workers may take, two per CPU until loading's CPU is measured, or the cap; None where it is not."""
+        aimed, most = self._aimed(), self.most_workers(cap)
+        if aimed <= most:
+            return None
+        held = self._memory_holds()
+        if held is not None and max(1, held) == most and self.worker_mem_bytes and self.memory_bytes is not None:
+            each = "measured" if self.worker_mem_measured else "the training process's private memory, until a " \
+                "worker is measured"
+            return (f"it aims for {aimed}, but {most} fit the {self.memory_bytes / 2**30:.1f} GiB workers may take at "
+                    f"{self.worker_mem_bytes / 2**30:.1f} GiB each ({each})")
+        if self.load_cpu is None and most < cap:
+            return f"it aims for {aimed}, but considers two per CPU until loading a sample's CPU is measured"
+        return f"it aims for {aimed}, but {most} is the most pipeopt starts"
+
+    def _aimed(self) -> int:
+        """The workers whose supply reaches, within ``CLOSE_ENOUGH``, ``HEADROOM`` times the lower bound."""
         goal = (1.0 - CLOSE_ENOUGH) * HEADROOM * min(self.step_rate, self.cpu_limit)
-        most = self.most_workers(cap)
-        return max(1, min(most, math.ceil(goal / self.loader_rate)))
+        return max(1, math.ceil(goal / self.loader_rate))
+
+    def _memory_holds(self) -> int | None:
+        """How many workers the memory they may take holds (None: not known)."""
+        if self.worker_mem_bytes and self.memory_bytes is not None:
+            return self.memory_bytes // self.worker_mem_bytes
+        return None
 
 
 def supply_wait(t: Trial) -> float:
@@ -127,4 +152,5 @@ def fit(trials: Sequence[Trial], *, cpus: float, memory_bytes: int | None = None
     return Capacity(step_rate=step_rate, loader_rate=loader_rate, cpus=float(cpus),
                     step_cpu=min(measured_step) if measured_step else None,
                     load_cpu=measured_load[-1] if measured_load else None,
-                    worker_mem_bytes=mem or training_mem_bytes, memory_bytes=memory_bytes)
+                    worker_mem_bytes=mem or training_mem_bytes, memory_bytes=memory_bytes,
+                    worker_mem_measured=mem is not None)

@@ -307,10 +307,10 @@ class LoaderSearch:
             predicted, best = model.rate(n), self.best_dataloader()
             if self._tried(candidate) is not None:
                 self.stop_reason = (f"the loader model, refitted on the trials, picks {_workers(n)} again "
-                                    f"(predicted {predicted:,.1f} samples/s)")
+                                    f"(predicted {predicted:,.1f} samples/s){_held(model)}")
                 return
             if attempt and not worth_a_trial(predicted, best, self.floor):
-                self.stop_reason = no_gain(best, n, predicted, self.floor)
+                self.stop_reason = no_gain(best, n, predicted, self.floor) + _held(model)
                 return
             self.predictions[candidate] = predicted  # computed here: propose() need not refit the model for it
             yield candidate
@@ -327,7 +327,7 @@ class LoaderSearch:
                                   f"{_workers(best.settings.num_workers)} ({measured(best.rate).value:,.1f})")
                 yield from self._fallback()
                 return
-        self.stop_reason = f"tried the loader model's pick and its refits' ({trials} trials)"
+        self.stop_reason = f"tried the loader model's pick and its refits' ({trials} trials){_held(self._model())}"
 
     def _fallback(self, n: int | None = None,
                   failed_at: tuple[int, str | None] | None = None) -> Iterator[LoaderSettings]:
@@ -437,6 +437,12 @@ def worth_a_trial(predicted: float, best: Trial, floor: float) -> bool:
 
 def _supply_bound(trial: Trial) -> bool:
     return capacity.supply_wait(trial) >= capacity.SUPPLY_BOUND_WAIT
+
+
+def _held(model: capacity.Capacity) -> str:
+    """What held the model's pick below the count it aims for (``Capacity.held_back``), to end a stop reason with."""
+    held = model.held_back(MAX_WORKERS)
+    return f"; {held}" if held else ""
 
 
 def no_gain(best: Trial, n: int, predicted: float, floor: float) -> str:

@@ -78,6 +78,18 @@ def test_until_a_worker_is_measured_the_training_processs_private_memory_stands_
     assert measured.most_workers(64) == 2
 
 
+def test_a_pick_held_below_its_aim_says_what_held_it():
+    before = capacity.fit([MEMORY_BOUND(USER)], cpus=2, memory_bytes=5 * GIB, training_mem_bytes=2 * GIB)
+    assert before.best(64) == 2
+    assert before.held_back(64) == ("it aims for 13, but 2 fit the 5.0 GiB workers may take at 2.0 GiB each "
+                                    "(the training process's private memory, until a worker is measured)")
+    measured = capacity.fit([MEMORY_BOUND(USER), MEMORY_BOUND(workers(2))], cpus=2, memory_bytes=5 * GIB)
+    assert measured.held_back(64).endswith("at 2.0 GiB each (measured)")
+    free = capacity.fit([LATENCY(USER)], cpus=2)
+    assert free.best(64) == 13 and free.held_back(64) is None  # the pick is what it aims for
+    assert free.held_back(4) == "it aims for 13, but 4 is the most pipeopt starts"
+
+
 def test_a_window_that_no_longer_waits_keeps_the_loader_rate_it_had():
     fast = LATENCY(workers(16))  # 16 x 100 > 1000: the step's pace, no wait to read a loader's rate from
     model = capacity.fit([LATENCY(USER), fast], cpus=2)

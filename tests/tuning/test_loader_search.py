@@ -111,6 +111,8 @@ def test_memory_bound_workers_stay_within_the_memory_they_may_take():
     proposed = run(search, MEMORY_BOUND)
     assert [p.num_workers for p in proposed] == [13, 2]  # 2 GiB a worker, measured: the refit stays at 2
     assert search.choice().settings.num_workers == 2  # 13 was faster, but does not fit
+    assert search.stop_reason.endswith("it aims for 13, but 2 fit the 5.0 GiB workers may take at 2.0 GiB each "
+                                       "(measured)")  # the report says what held the workers back
     stand_in = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, training_mem_bytes=2 * GIB))
     assert [p.num_workers for p in run(stand_in, MEMORY_BOUND)] == [2]  # the training process's 2 GiB stands in
 
