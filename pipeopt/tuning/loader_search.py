@@ -185,6 +185,7 @@ class LoaderSearch:
         self.stop_reason: str | None = None
         self.predictions: dict[LoaderSettings, float] = {}  # what the model predicted for each proposal
         self.fell_back: str | None = None  # why the search left the model for geometric growth (None: it did not)
+        self.first_held: str | None = None  # what held the model's first pick below its aim (``Capacity.held_back``)
         self._plan = self._steps()
         self._waiting = False
 
@@ -249,7 +250,8 @@ class LoaderSearch:
 
     def summary(self) -> list[str]:
         """How the search went, as report notes: where it left the model, why it stopped."""
-        notes = [f"loader model: {self.fell_back}; searched geometrically from there"] if self.fell_back else []
+        notes = [f"loader model's first pick: {self.first_held}"] if self.first_held else []
+        notes += [f"loader model: {self.fell_back}; searched geometrically from there"] if self.fell_back else []
         return notes + ([f"loader search stopped: {self.stop_reason}"] if self.stop_reason else [])
 
     def _within_memory(self, trial: Trial) -> bool:
@@ -313,6 +315,8 @@ class LoaderSearch:
                 self.stop_reason = no_gain(best, n, predicted, self.floor) + _held(model)
                 return
             self.predictions[candidate] = predicted  # computed here: propose() need not refit the model for it
+            if not attempt and (held := model.held_back(MAX_WORKERS)):
+                self.first_held = f"{_workers(n)}: {held}"
             yield candidate
             trial = self.trials[-1]
             if not trial.ok:

@@ -115,6 +115,10 @@ def test_memory_bound_workers_stay_within_the_memory_they_may_take():
                                        "(measured)")  # the report says what held the workers back
     stand_in = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, training_mem_bytes=2 * GIB))
     assert [p.num_workers for p in run(stand_in, MEMORY_BOUND)] == [2]  # the training process's 2 GiB stands in
+    assert stand_in.summary()[0] == ("loader model's first pick: 2 workers: it aims for 13, but 2 fit the 5.0 GiB "
+                                     "workers may take at 2.0 GiB each (the training process's private memory, until "
+                                     "a worker is measured)")
+    assert search.first_held is None  # its first pick, 13, was what it aimed for
 
 
 @pytest.mark.parametrize(("again", "kept"), [(90.0, 2), (104.0, 0)], ids=["user-slower-again", "user-as-fast"])
@@ -222,7 +226,9 @@ def test_a_first_pick_slower_than_the_users_settings_falls_back_to_geometric_gro
     assert search.fell_back.startswith("its pick, 4 workers, measured 60.0 samples/s")
     assert "4 workers were not faster than 2 workers" in search.stop_reason
     assert search.choice().settings.num_workers == 2
-    assert search.summary()[0].startswith("loader model: its pick, 4 workers")
+    held, fell_back = search.summary()[:2]  # loading's CPU unmeasured: two workers per CPU at first, and it says so
+    assert held.startswith("loader model's first pick: 4 workers: it aims for") and "two per CPU" in held
+    assert fell_back.startswith("loader model: its pick, 4 workers")
 
 
 def test_cpu_heavy_workers_are_not_added_when_the_model_predicts_no_gain():
