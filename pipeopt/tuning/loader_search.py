@@ -172,6 +172,12 @@ def over_budget(n: int, trials: list[Trial], budget: Budget) -> tuple[bool, str 
     return False, None
 
 
+def within_memory(trial: Trial, baseline: Trial, budget: Budget) -> bool:
+    """``trial``'s workers' measured memory fits what workers may take (the baseline always does: it is the user's)."""
+    mem, most = trial.worker_mem_bytes, budget.memory_bytes
+    return trial is baseline or not mem or most is None or trial.settings.num_workers * mem <= most
+
+
 class LoaderSearch:
     """A plan of candidates. ``propose()`` gives the next (None when done); ``record()`` feeds its measurement."""
 
@@ -221,7 +227,8 @@ class LoaderSearch:
         """The cheapest measured setting that no other measured setting beats beyond noise (the baseline if
         nothing beat it). A setting that failed even once is never chosen."""
         failed = {t.settings for t in self.trials if not t.ok}
-        ok = [t for t in self.trials if t.ok and t.settings not in failed and self._within_memory(t)]
+        ok = [t for t in self.trials
+              if t.ok and t.settings not in failed and within_memory(t, self.baseline, self.budget)]
         unbeaten = [t for t in ok if not any(faster(measured(u.rate), measured(t.rate), self.floor) for u in ok)]
 
         return more_workers_on_a_trend(min(unbeaten or ok, key=_cost), ok, self.baseline, self.floor)
@@ -244,7 +251,7 @@ class LoaderSearch:
         least): where the model is refitted from. ``filling``: what fills a sample cache under DALI - the fastest of
         pipeopt's own loaders, which filled the store while they were measured (the user's, the baseline, did not:
         its rate leaves out what filling costs); the baseline only when none of them was measured."""
-        ok = [t for t in self.trials if t.ok and not t.settings.dali and self._within_memory(t)]
+        ok = [t for t in self.trials if t.ok and not t.settings.dali and within_memory(t, self.baseline, self.budget)]
         filled = [t for t in ok if t is not self.baseline] if filling else []
         return max(filled or ok, key=lambda t: measured(t.rate).value)
 
@@ -253,11 +260,6 @@ class LoaderSearch:
         notes = [f"loader model's first pick: {self.first_held}"] if self.first_held else []
         notes += [f"loader model: {self.fell_back}; searched geometrically from there"] if self.fell_back else []
         return notes + ([f"loader search stopped: {self.stop_reason}"] if self.stop_reason else [])
-
-    def _within_memory(self, trial: Trial) -> bool:
-        """Its workers' measured memory fits what workers may take (the baseline always does: it is the user's)."""
-        mem, budget = trial.worker_mem_bytes, self.budget.memory_bytes
-        return trial is self.baseline or not mem or budget is None or trial.settings.num_workers * mem <= budget
 
     # -- the plan ---------------------------------------------------------------------------------------
     def _tried(self, settings: LoaderSettings) -> Trial | None:
