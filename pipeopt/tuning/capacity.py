@@ -100,12 +100,12 @@ class Capacity:
         aimed, most = self._aimed(), self.most_workers(cap)
         if aimed <= most:
             return None
-        mem, budget = self.worker_mem_bytes, self.memory_bytes
-        if mem and budget is not None and max(1, budget // mem) == most:
+        held = self._memory_holds()
+        if held is not None and max(1, held) == most:  # (both sizes known, then)
             each = ("measured" if self.worker_mem_measured
                     else "the training process's private memory, until a worker is measured")
-            return (f"it aims for {aimed}, but {most} fit the {budget / 2**30:.1f} GiB workers may take at "
-                    f"{mem / 2**30:.1f} GiB each ({each})")
+            return (f"it aims for {aimed}, but {most} fit the {(self.memory_bytes or 0) / 2**30:.1f} GiB workers may "
+                    f"take at {(self.worker_mem_bytes or 0) / 2**30:.1f} GiB each ({each})")
         if self.load_cpu is None and most < cap:
             return f"it aims for {aimed}, but considers two per CPU until loading a sample's CPU is measured"
         return f"it aims for {aimed}, but {most} is the most pipeopt starts"

@@ -113,12 +113,12 @@ def test_memory_bound_workers_stay_within_the_memory_they_may_take():
     assert search.choice().settings.num_workers == 2  # 13 was faster, but does not fit
     assert search.stop_reason.endswith("it aims for 13, but 2 fit the 5.0 GiB workers may take at 2.0 GiB each "
                                        "(measured)")  # the report says what held the workers back
+    assert search.first_held is None  # its first pick, 13, was what it aimed for
     stand_in = LoaderSearch(MEMORY_BOUND(USER), Budget(cpus=2, memory_bytes=5 * GIB, training_mem_bytes=2 * GIB))
     assert [p.num_workers for p in run(stand_in, MEMORY_BOUND)] == [2]  # the training process's 2 GiB stands in
     assert stand_in.summary()[0] == ("loader model's first pick: 2 workers: it aims for 13, but 2 fit the 5.0 GiB "
                                      "workers may take at 2.0 GiB each (the training process's private memory, until "
                                      "a worker is measured)")
-    assert search.first_held is None  # its first pick, 13, was what it aimed for
 
 
 @pytest.mark.parametrize(("again", "kept"), [(90.0, 2), (104.0, 0)], ids=["user-slower-again", "user-as-fast"])
