@@ -526,6 +526,11 @@ def _peak(arm: dict[str, Any]) -> str:
     return f"{arm['peak_rss_bytes'] / 2**30:.2f} GiB RSS"
 
 
+def _own_shm(scenario: dict[str, Any]) -> bool:
+    """Its peaks count only the shared memory the process tree holds (measured since ``host_shm_growth_bytes``)."""
+    return all("host_shm_growth_bytes" in r["arms"]["pipeopt"] for r in scenario["rounds"])
+
+
 def _bound(rounds: list[dict[str, Any]], key: str) -> str:
     values = [r[key] for r in rounds if key in r]
     return _mmm(values) if values else "-"
@@ -582,7 +587,10 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
               "of the same step (1 when it is true). Heap: "
               f"{', '.join(n for n, s in data['scenarios'].items() if s.get('heap')) or 'no scenario'} ran under "
               "one heap policy for every fit (`harness.steady_heap`); the others under glibc's defaults, where a "
-              "step's fresh pages moved any arm, the ceiling too, by up to ~1.4x. Per-epoch figures, the "
+              "step's fresh pages moved any arm, the ceiling too, by up to ~1.4x. Peak memory: "
+              f"{', '.join(n for n, s in data['scenarios'].items() if _own_shm(s)) or 'no scenario'} counted the "
+              "shared memory the tree holds (`PeakMemory`); the others what `/dev/shm` as a whole gained over the "
+              "fit, another process's included. Per-epoch figures, the "
               "cache's hit rate and fill cost per run are in "
               "`sample_cache.json`."]
     return lines
