@@ -29,8 +29,9 @@ Each arm runs the same epochs; throughput is measured per epoch (from batch-end 
 epoch after the first). Ratios are within a round: pipeopt over that round's ceiling and over its best grid arm.
 Memory: the peak of the whole process tree's memory (main process and loader workers), sampled every 0.5 s or less
 often (the sampler takes at most 1/20 of a core): the sum of their proportional set sizes less the shared memory
-they map, plus the shared memory in use (``PeakMemory``: a page a forked worker shares with its parent, and the
-store, which every reader maps, each counted once) - and the store's bytes beside its budget. Writes
+they map, plus the shared-memory files they hold open or map (``PeakMemory``: a page a forked worker shares with
+its parent, and the store, which every reader maps, each counted once) - and the store's bytes beside its budget.
+Writes
 ``benchmarks/results/sample_cache.json`` (merged per scenario, so the two venvs' runs sit side by side), a copy in
 ``results/history/`` and the tables in ``results/README.md``.
 """
@@ -181,12 +182,14 @@ class PeakMemory:
     pages a forked loader worker shares with the training process are counted once (a sum of RSS counted them in
     every worker: 21-24 GB for a tree whose store held 2.3 GB).
 
-    Only the tree's own shared memory counts. Until the thirty-third pass the sampler took what ``/dev/shm`` as a
-    whole held beyond its use at the start: a store, a test or a leaked segment of another process counted as the
-    fit's. That reading is still kept beside, as ``host_shm_growth``: the most ``/dev/shm`` grew beyond what the tree
-    holds - another process's files, or the tree's own store in the moments the fit's end takes to free it (its
-    files unlinked, held by no process, its pages not yet given back: 1.1 GiB for the 1.7 GiB store of
-    imagefolder_decode, while no process on the host held more than 4 MiB of ``/dev/shm``).
+    Only the tree's own shared memory counts, all of it: what it held at the start too (the resident batches that
+    loader workers made, 0.59 GiB in the vision scenarios). Until the thirty-third pass the sampler took what
+    ``/dev/shm`` as a whole held beyond its use at the start: a store, a test or a leaked segment of another process
+    counted as the fit's, and the shared memory the tree held at the start did not. That reading is kept beside, as
+    ``host_shm_growth``: the most ``/dev/shm`` grew beyond what the tree's holding grew - another process's files, or
+    the tree's own store in the moments the fit's end takes to free it (its files unlinked, held by no process, its
+    pages not yet given back: ~1.7 GiB, the whole store of imagefolder_decode, while no process on the host held more
+    than 4 MiB of ``/dev/shm``).
 
     The sampler must not slow the fit it measures. The kernel makes ``smaps_rollup`` by walking every page a process
     maps: ~60 ms of CPU for a process of 3.6 GB (the benchmark's own resident batches and items are in every arm's
@@ -197,8 +200,9 @@ class PeakMemory:
 
     def __init__(self, every_s: float = 0.5, share: float = 20.0) -> None:
         self.peak, self._every, self._share, self._stop = 0, every_s, share, threading.Event()
-        self.host_shm_growth = 0  # the most /dev/shm grew, beyond what the tree holds
-        self._shm_at_start = _shm_used()
+        self.host_shm_growth = 0  # the most /dev/shm grew, beyond what the tree's holding grew
+        me = psutil.Process()
+        self._shm_at_start, self._held_at_start = _shm_used(), _shm_held([me.pid, *(p.pid for p in descendants(me))])
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> PeakMemory:
@@ -215,7 +219,8 @@ class PeakMemory:
             cpu = time.thread_time()
             tree = [me, *descendants(me)]  # pipeopt's own: no scan of every process twice a second
             held = _shm_held([p.pid for p in tree])
-            self.host_shm_growth = max(self.host_shm_growth, _shm_used() - self._shm_at_start - held)
+            grown = _shm_used() - self._shm_at_start - (held - self._held_at_start)
+            self.host_shm_growth = max(self.host_shm_growth, grown)
             self.peak = max(self.peak, held + sum(_own_memory(p.pid, alone=len(tree) == 1) for p in tree))
             self._stop.wait(max(self._every, self._share * (time.thread_time() - cpu)))
 
@@ -529,7 +534,7 @@ def _peak(arm: dict[str, Any]) -> str:
 
 
 def _own_shm(scenario: dict[str, Any]) -> bool:
-    """Its peaks count only the shared memory the process tree holds (measured since ``host_shm_growth_bytes``)."""
+    """Its peaks count only the shared memory the process tree holds (results that have ``host_shm_growth_bytes``)."""
     return all("host_shm_growth_bytes" in r["arms"]["pipeopt"] for r in scenario["rounds"])
 
 
