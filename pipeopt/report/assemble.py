@@ -10,7 +10,7 @@ from pipeopt.measure.window import WindowStats
 from pipeopt.report.findings import loader_changes, loader_suggestion, predicted_speedup, trial_rows
 from pipeopt.report.model import Environment, Report, Skipped
 from pipeopt.tuning.findings import Outcome
-from pipeopt.tuning.session import LoaderSession
+from pipeopt.tuning.session import LoaderSession, started_from
 from pipeopt.verdict import judge
 
 
@@ -23,6 +23,11 @@ def assemble(*, windows: Sequence[WindowStats], environment: Environment, skippe
     after-window, measured after every change when the cache was kept (it decides last)."""
     notes = _measurement_notes(windows, dropped_partial)
     before, after, extra = _loader_part(windows, session, current_loader, notes)
+    started = started_from(session) if session is not None else None
+    if session is not None and before is not None and started is not None:  # no window measured the user's settings
+        origin = "an earlier run of this fit cached" if session.from_cache else "the run this one resumes kept"
+        extra["before_ran"] = (f"the loader settings {origin} ({started.describe()}), in force from the first step: "
+                               "your own settings were not measured on this run")
     changed = any(o is not None and o.changes for o in (precision, batch))
     if changed and after_from is not None and len(windows) > after_from:
         after = windows[after_from]  # measured after every change, the batch plan's and precision's included

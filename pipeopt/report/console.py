@@ -52,10 +52,11 @@ def _cell(window: WindowStats | None, get: Callable[[WindowStats], float | None]
 
 def render(report: Report) -> Group:
     before, after = report.before, report.after
-    title = "pipeopt: before / after" if report.mode == "tune" else "pipeopt: first / last window (observe only)"
+    title = f"pipeopt: {report.before_name} / after" if report.mode == "tune" else \
+        "pipeopt: first / last window (observe only)"
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("metric")
-    table.add_column(_label(before, "before"), justify="right")
+    table.add_column(_label(before, report.before_name), justify="right")
     table.add_column(_label(after, "after"), justify="right")
     table.add_column("change", justify="right")
     for label, get, fmt in ROWS:
@@ -67,22 +68,7 @@ def render(report: Report) -> Group:
     parts: list[RenderableType] = [table]
     if report.trials:
         parts.append(_trials_table(report))
-    lines = Text()
-    if report.verdict:
-        v = report.verdict
-        lines.append(f"Verdict: {v.kind}", style="bold")
-        lines.append(f" - {v.reason}.\n")
-        lines.append(f"Estimated speedup if input were free: {v.input_free_speedup:.2f}x (from the before window)\n")
-    else:
-        lines.append("Verdict: not enough steps were measured for a window "
-                     f"({report.steps_measured} steps seen).\n")
-    if report.predicted_speedup is not None:
-        lines.append(f"Predicted speedup of the change (trial or loader model): {report.predicted_speedup:.2f}x\n")
-    if report.measured_speedup is not None:
-        what = "after over before" if report.mode == "tune" else "last over first window"
-        error = report.prediction_error
-        off = f" (the prediction was off by {error:.0%})" if error is not None else ""
-        lines.append(f"Measured speedup ({what}): {report.measured_speedup:.2f}x{off}\n")
+    lines = _verdict_lines(report)
     for line in change_lines(report.changes):
         lines.append(f"{line}\n")
     for code in report.suggestions:
@@ -176,6 +162,36 @@ def checked(change: Change) -> str:
     return f" [predicted {p:.2f}x, measured {m:.2f}x after the change: off by {abs(p - m) / m:.0%}]"
 
 
+def _verdict_lines(report: Report) -> Text:
+    """The verdict, its estimate, and the kept change's predicted and measured speedup."""
+    lines = Text()
+    if report.verdict:
+        v = report.verdict
+        lines.append(f"Verdict: {v.kind}", style="bold")
+        lines.append(f" - {v.reason}.\n")
+        lines.append(f"Estimated speedup if input were free: {v.input_free_speedup:.2f}x (from the "
+                     f"{report.before_name.removesuffix(' window')} window)\n")
+    else:
+        lines.append("Verdict: not enough steps were measured for a window "
+                     f"({report.steps_measured} steps seen).\n")
+    if report.predicted_speedup is not None:
+        lines.append(f"Predicted speedup of the change (trial or loader model): {report.predicted_speedup:.2f}x\n")
+    if report.measured_speedup is not None:
+        error = report.prediction_error
+        off = f" (the prediction was off by {error:.0%})" if error is not None else ""
+        lines.append(f"Measured speedup ({speedup_basis(report)}): {report.measured_speedup:.2f}x{off}\n")
+    return lines
+
+
+def speedup_basis(report: Report) -> str:
+    """What the measured speedup divides: after over before, or over the first window and what that window ran."""
+    if report.mode != "tune":
+        return "last over first window"
+    if report.before_ran is None:
+        return "after over before"
+    return f"after over the first window, which ran {report.before_ran}"
+
+
 def _label(window: WindowStats | None, name: str) -> str:
     if window is None:
         return name
@@ -258,15 +274,17 @@ def health_line(window: WindowStats | None, status: str) -> str:
             f"{r.gpu_throttle or 'none' if r.gpu_throttle is not None else 'n/a'}")
 
 
-def time_lines(fit: FitAndCost) -> list[str]:
+def time_lines(fit: FitAndCost, before_name: str = "before") -> list[str]:
+    """The time (and cost) lines; ``before_name``: what the before window is called (``Report.before_name``)."""
     t = fit.time
 
     def span(before: float | None, after: float | None, fmt: str, unit: str = "") -> str:
-        pairs = ((before, "before"), (after, "after"))
+        pairs = ((before, before_name), (after, "after"))
         shown = [f"{format(v, fmt)}{unit} {when}" for v, when in pairs if v is not None]
         return " -> ".join(shown) or "n/a"
 
-    lines = [f"Time per epoch ({t.steps_per_epoch} optimizer steps, at the before and after windows' measured pace): "
+    lines = [f"Time per epoch ({t.steps_per_epoch} optimizer steps, at the {before_name.removesuffix(' window')} and "
+             "after windows' measured pace): "
              f"{span(t.epoch_s_before, t.epoch_s_after, ',.1f', ' s')}" if t.steps_per_epoch else
              "Time per epoch: n/a (the epoch's length is not known)"]
     if t.planned_steps:
@@ -290,7 +308,7 @@ def fit_section(report: Report, fit: FitAndCost) -> Panel:
     if fit.limit is not None:
         lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
     lines.append(health_line(report.after or report.before, report.environment.gpu_monitoring))
-    lines += time_lines(fit)
+    lines += time_lines(fit, report.before_name)
     parts: list[RenderableType] = [Text("\n".join(lines))]
     if fit.fits_on:
         table = Table(title="fits on (predicted from the counted memory; micro-batch x accumulation where it must "

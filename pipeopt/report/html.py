@@ -16,6 +16,7 @@ from pipeopt.report.console import (
     memory_lines,
     settings_text,
     size_text,
+    speedup_basis,
     time_lines,
     trial_cells,
 )
@@ -82,18 +83,19 @@ def _verdict(report: Report) -> str:
     if v is None:
         return "<div class='verdict'>Not enough steps were measured for a window.</div>"
     lines = [f"<b>{_e(v.kind)}</b>: {_e(v.reason)}.",
-             f"Estimated speedup if input were free: <b>{v.input_free_speedup:.2f}x</b> (before window)."]
+             f"Estimated speedup if input were free: <b>{v.input_free_speedup:.2f}x</b> "
+             f"({_e(report.before_name.removesuffix(' window'))} window)."]
     if report.predicted_speedup is not None:
         lines.append(f"Predicted speedup of the change (its trial): <b>{report.predicted_speedup:.2f}x</b>.")
     if report.measured_speedup is not None:
         error = report.prediction_error
         off = f" (the prediction was off by {error:.0%})" if error is not None else ""
-        lines.append(f"Measured speedup (after over before): <b>{report.measured_speedup:.2f}x</b>{off}.")
+        lines.append(f"Measured speedup ({_e(speedup_basis(report))}): <b>{report.measured_speedup:.2f}x</b>{off}.")
     return f"<div class='verdict {_e(v.kind)}'>" + "<br>".join(lines) + "</div>"
 
 
 def _table(report: Report) -> str:
-    rows = ["<table><tr><th>metric</th><th>before</th><th>after</th></tr>"]
+    rows = [f"<table><tr><th>metric</th><th>{_e(report.before_name)}</th><th>after</th></tr>"]
     for label, get, fmt in ROWS:
         cells = []
         for w in (report.before, report.after):
@@ -106,7 +108,8 @@ def _table(report: Report) -> str:
 
 
 def _split_chart(report: Report) -> str:
-    windows = [(name, w) for name, w in (("before", report.before), ("after", report.after)) if w is not None]
+    first = report.before_name.removesuffix(" window")
+    windows = [(name, w) for name, w in ((first, report.before), ("after", report.after)) if w is not None]
     if not windows:
         return "<p>No window was measured.</p>"
     width, left, bar = 900, 70, 26
@@ -227,7 +230,7 @@ def _fit_section(report: Report, fit: FitAndCost) -> str:
     if fit.limit is not None:
         lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
     parts = ["<ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>", _memory_bar(fit)]
-    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in time_lines(fit)) + "</ul>")
+    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in time_lines(fit, report.before_name)) + "</ul>")
     if fit.fits_on:
         rows = ["<table><tr><th>memory</th><th>for example</th><th>+20 % buffer</th><th>+40 % buffer</th></tr>"]
         rows += [f"<tr><td>{row.memory_gib:g} GiB</td><td>{_e(row.examples)}</td>"

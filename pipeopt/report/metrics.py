@@ -67,17 +67,20 @@ def window_metrics(stats: WindowStats) -> dict[str, float]:
 
 
 def summary_metrics(report: Report) -> dict[str, float]:
+    """The fit's figures for the logger. Where the before window ran an earlier run's settings (``before_ran``), the
+    figures that compare with the user's settings are left out: no window measured those."""
+    yours = report.before_ran is None
     candidates = {
         "pipeopt/input_free_speedup": report.verdict.input_free_speedup if report.verdict else None,
         "pipeopt/predicted_speedup": report.predicted_speedup,
-        "pipeopt/measured_speedup": report.measured_speedup,
+        "pipeopt/measured_speedup": report.measured_speedup if yours else None,
         "pipeopt/prediction_error": report.prediction_error,
-        **(_fit_metrics(report) if report.before is not None else {}),  # a fit with no window logs nothing
+        **(_fit_metrics(report, yours) if report.before is not None else {}),  # a fit with no window logs nothing
     }
     return {k: float(v) for k, v in candidates.items() if v is not None}
 
 
-def _fit_metrics(report: Report) -> dict[str, float | None]:
+def _fit_metrics(report: Report, yours: bool) -> dict[str, float | None]:
     fit = report.fit
     if fit is None:
         return {}
@@ -87,6 +90,8 @@ def _fit_metrics(report: Report) -> dict[str, float | None]:
         "params": memory.params_bytes, "grads": memory.grads_bytes, "optimizer": memory.optimizer_bytes,
         "activations": memory.activations_bytes, "batch": memory.batch_bytes, "per_sample": per_sample}
     return {**{f"pipeopt/memory/{k}_mb": None if v is None else v / _MB for k, v in sizes.items()},
-            "pipeopt/time/epoch_s_before": time.epoch_s_before, "pipeopt/time/epoch_s_after": time.epoch_s_after,
-            "pipeopt/cost/epoch_before": time.epoch_cost_before, "pipeopt/cost/epoch_after": time.epoch_cost_after,
-            "pipeopt/cost/fit_saving": time.fit_saving}
+            "pipeopt/time/epoch_s_before": time.epoch_s_before if yours else None,
+            "pipeopt/time/epoch_s_after": time.epoch_s_after,
+            "pipeopt/cost/epoch_before": time.epoch_cost_before if yours else None,
+            "pipeopt/cost/epoch_after": time.epoch_cost_after,
+            "pipeopt/cost/fit_saving": time.fit_saving if yours else None}

@@ -11,9 +11,10 @@ from pipeopt.report.fit import FitAndCost
 from pipeopt.tuning.findings import Change
 from pipeopt.verdict import Verdict
 
-SCHEMA_VERSION = 4
-#: Older versions ``from_dict`` still reads (they have no "fit" section before 3, no "sample_cache" before 4).
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+#: Older versions ``from_dict`` still reads (they have no "fit" section before 3, no "sample_cache" before 4, no
+#: "before_ran" before 5: their "before" was the user's settings, or unmarked).
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 MAX_TIMELINE = 512
 
 
@@ -92,7 +93,10 @@ def thin(windows: list[WindowStats], limit: int = MAX_TIMELINE) -> list[WindowSt
 
 @dataclass
 class Report:
-    """Before/after figures of one fit. In observe mode ``before`` is the first window and ``after`` the last."""
+    """Before/after figures of one fit. In observe mode ``before`` is the first window and ``after`` the last.
+    ``before_ran``: None when ``before`` measured the user's own settings; else what it ran instead - a loader
+    configuration an earlier run kept (the tuning cache's, or the checkpoint's a resumed fit applies), in force from
+    the fit's first step, so no window of the user's settings exists and "before" is only the first window."""
 
     mode: str  # "observe" | "tune"
     environment: Environment
@@ -110,6 +114,12 @@ class Report:
     fit: FitAndCost | None = None  # memory breakdown, the cards it fits, what limits it, time and cost
     sample_cache: SampleCacheFigures | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    before_ran: str | None = None
+
+    @property
+    def before_name(self) -> str:
+        """What the "before" figures are called where they are shown."""
+        return "before" if self.before_ran is None else "first window"
 
     @property
     def measured_speedup(self) -> float | None:
@@ -118,9 +128,9 @@ class Report:
     @property
     def prediction_error(self) -> float | None:
         """How far the kept change's predicted speedup was from the after-window's: |predicted - measured| /
-        measured (None without both)."""
+        measured (None without both, or where ``before`` is not the window the prediction was made over)."""
         measured, predicted = self.measured_speedup, self.predicted_speedup
-        if measured is None or predicted is None or not measured:
+        if self.before_ran is not None or measured is None or predicted is None or not measured:
             return None
         return abs(predicted - measured) / measured
 
@@ -136,6 +146,7 @@ class Report:
             "mode": self.mode,
             "environment": asdict(self.environment),
             "before": self.before.to_dict() if self.before else None,
+            "before_ran": self.before_ran,
             "after": self.after.to_dict() if self.after else None,
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "predicted_speedup": self.predicted_speedup,
@@ -173,6 +184,7 @@ class Report:
             mode=data["mode"],
             environment=Environment(**data["environment"]),
             before=window(data["before"]),
+            before_ran=data.get("before_ran"),
             after=window(data["after"]),
             verdict=Verdict(**data["verdict"]) if data["verdict"] else None,
             changes=[Change(**c) for c in data["changes"]],

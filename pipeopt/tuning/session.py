@@ -524,6 +524,13 @@ class LoaderSession:
         return self.chosen.settings if self.state is Phase.DONE and self.changes and self.chosen else None
 
 
+def started_from(session: LoaderSession) -> LoaderSettings | None:
+    """The settings an earlier run kept (the tuning cache's, or the checkpoint's a resumed fit applies) that ran from
+    the fit's start in place of the user's, so no window measured the user's; None where theirs ran first."""
+    chosen = session.chosen.settings if session.chosen is not None and session.before is None else None
+    return None if chosen == session._switcher.user_settings else chosen
+
+
 def _no_room(candidate: LoaderSettings, applied: LoaderSettings, windows: TrialWindows, trials: list[Trial],
              user: LoaderSettings) -> str | None:
     """Why the fit has no room for a trial of ``candidate`` and the after-windows of whichever of it and the

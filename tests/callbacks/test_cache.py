@@ -452,8 +452,11 @@ def test_after_a_tuning_cache_hit_the_epoch_is_counted_in_samples_and_the_missin
     assert [c.knob for c in first.changes].count("cache") == 1
     assert len(first.suggestions) == 1 and first.suggestions[0].startswith("DataLoader(..., num_workers=")
     assert first.suggestions[0].endswith("(the loader settings alone: the sample cache needs pipeopt)")
+    assert first.before_ran is None  # its before-window measured the user's settings
     second = run()
     assert any("applied the cached loader configuration" in n for n in second.notes), second.notes
+    # the cached settings ran from the first step: the report does not call its first window "before"
+    assert second.before_ran is not None and "an earlier run of this fit cached (num_workers=" in second.before_ran
     # made in the first epoch, while it drew the rest: the cached configuration's switch came before the epoch's
     # first index was drawn, and the stream is read ahead once it was (at the cache's start)
     assert any("made ahead" in n and "while that epoch drew the rest" in n for n in second.notes), second.notes

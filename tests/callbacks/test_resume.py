@@ -36,6 +36,9 @@ def test_resume_applies_the_tuned_settings_with_zero_trials(tmp_path, monkeypatc
     loader = trainer2.train_dataloader
     assert loader.num_workers == kept["num_workers"]
     assert any("resumed from a checkpoint" in note for note in resumed.report.notes)
+    # the kept settings ran from the resumed fit's first step: its report does not call that window "before"
+    assert first.report.before_ran is None
+    assert resumed.report.before_ran.startswith("the loader settings the run this one resumes kept (num_workers=")
 
 
 def test_resume_applies_the_tuned_precision_and_batch_plan_without_trying_again(tmp_path, monkeypatch):

@@ -93,3 +93,19 @@ def test_fit_and_cost_section():
                   "Epochs run to their end, wall time: 61.0, 48.5 s",
                   "whole fit 0.5556 before -> 0.2778 after, saving 0.2778", "16 GiB T4, V100 16GB fits fits"):
         assert words in flat, words
+
+
+def test_a_first_window_that_ran_an_earlier_runs_settings_is_not_called_before():
+    """Applied from the tuning cache (or a checkpoint) from the first step, the report has no window of the user's
+    settings: the column, the speedup line and the time lines say "first window" and name what it ran."""
+    report = full_report()
+    report.before_ran = "the loader settings an earlier run of this fit cached (num_workers=2, ...)"
+    text = rendered(report)
+    assert "first window" in text.splitlines()[2] and "before" not in text.splitlines()[2]  # the column headers
+    assert "after over before" not in text and "(from the first window)" in text
+    assert "pipeopt: first window / after" in text
+    measured = " ".join(text.replace("│", " ").split())  # wrapped in the panel
+    assert "Measured speedup (after over the first window, which ran the loader settings an earlier run of " \
+           "this fit cached (num_workers=2, ...)): 2.00x" in measured
+    assert "prediction was off" not in measured  # its prediction was over another window
+    assert "s first window -> " in measured and " s before" not in measured  # the time lines

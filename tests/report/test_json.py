@@ -103,6 +103,20 @@ def test_a_version_2_report_reads_without_a_fit_section(tmp_path):
     assert report.fit is None and report.after.resources.gpu_temp_c is None and report.sample_cache is None
 
 
+def test_what_the_before_window_ran_is_written_and_read_back_and_a_version_4_report_has_none(tmp_path):
+    report = full_report()
+    report.before_ran = "the loader settings the run this one resumes kept (num_workers=2, ...)"
+    data = json.loads(write_report(report, tmp_path / "reports").read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["before_ran"] == report.before_ran and data["prediction_error"] is None
+    assert data["measured_speedup"] == pytest.approx(2.0)  # after over that first window, which the line names
+    old = {**full_report().to_dict(), "schema_version": 4}
+    del old["before_ran"]
+    path = tmp_path / "v4.json"
+    path.write_text(json.dumps(old))
+    assert read_report(path).before_ran is None
+
+
 def test_a_foreign_schema_version_is_refused(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"schema_version": 99}))

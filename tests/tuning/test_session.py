@@ -6,7 +6,7 @@ import pytest
 
 from pipeopt.tuning.agreement import agree
 from pipeopt.tuning.loader_search import Budget, LoaderSettings
-from pipeopt.tuning.session import Agreed, LoaderSession, TrialWindows
+from pipeopt.tuning.session import Agreed, LoaderSession, TrialWindows, started_from
 from tests.helpers import make_window
 
 USER = LoaderSettings(num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
@@ -142,10 +142,11 @@ def test_a_cached_configuration_is_trusted_when_it_verifies():
     cached = USER.with_workers(4, persistent=True)
     s.verify_cached(cached, expected_rate=1000.0)
     assert switcher.current == cached
+    assert started_from(s) == cached  # in force from the start: no window of the user's settings (the report says so)
     feed(s, 700.0, 0.1)  # short of 80 %: measured once more
     assert s.state == "verify"
     feed(s, 1000.0, 0.05)  # together 850: within the tolerance
-    assert s.state == "done" and s.kept == cached and s.search is None
+    assert s.state == "done" and s.kept == cached and s.search is None and started_from(s) == cached
     assert any("applied the cached loader configuration" in n for n in s.notes)
 
 
@@ -156,7 +157,7 @@ def test_a_cached_configuration_that_falls_short_is_tuned_afresh():
     feed(s, 520.0, 0.5)
     assert s.state == "before" and switcher.restored and not s.from_cache
     feed(s, 100.0, 0.9)  # the before-window of the fresh tuning
-    assert s.state == "trial"
+    assert s.state == "trial" and started_from(s) is None  # the user's settings were measured after all
 
 
 def test_no_trial_starts_that_the_fit_cannot_finish():
