@@ -170,7 +170,7 @@ def _verdict_lines(report: Report) -> Text:
         lines.append(f"Verdict: {v.kind}", style="bold")
         lines.append(f" - {v.reason}.\n")
         lines.append(f"Estimated speedup if input were free: {v.input_free_speedup:.2f}x (from the "
-                     f"{report.before_name.removesuffix(' window')} window)\n")
+                     f"{report.before_word} window)\n")
     else:
         lines.append("Verdict: not enough steps were measured for a window "
                      f"({report.steps_measured} steps seen).\n")
@@ -274,8 +274,9 @@ def health_line(window: WindowStats | None, status: str) -> str:
             f"{r.gpu_throttle or 'none' if r.gpu_throttle is not None else 'n/a'}")
 
 
-def time_lines(fit: FitAndCost, before_name: str = "before") -> list[str]:
-    """The time (and cost) lines; ``before_name``: what the before window is called (``Report.before_name``)."""
+def time_lines(fit: FitAndCost, before_name: str = "before", before_word: str = "before") -> list[str]:
+    """The time (and cost) lines; ``before_name``, ``before_word``: what the before window is called
+    (``Report.before_name``, ``Report.before_word``)."""
     t = fit.time
 
     def span(before: float | None, after: float | None, fmt: str, unit: str = "") -> str:
@@ -283,7 +284,7 @@ def time_lines(fit: FitAndCost, before_name: str = "before") -> list[str]:
         shown = [f"{format(v, fmt)}{unit} {when}" for v, when in pairs if v is not None]
         return " -> ".join(shown) or "n/a"
 
-    lines = [f"Time per epoch ({t.steps_per_epoch} optimizer steps, at the {before_name.removesuffix(' window')} and "
+    lines = [f"Time per epoch ({t.steps_per_epoch} optimizer steps, at the {before_word} and "
              "after windows' measured pace): "
              f"{span(t.epoch_s_before, t.epoch_s_after, ',.1f', ' s')}" if t.steps_per_epoch else
              "Time per epoch: n/a (the epoch's length is not known)"]
@@ -308,7 +309,7 @@ def fit_section(report: Report, fit: FitAndCost) -> Panel:
     if fit.limit is not None:
         lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
     lines.append(health_line(report.after or report.before, report.environment.gpu_monitoring))
-    lines += time_lines(fit, report.before_name)
+    lines += time_lines(fit, report.before_name, report.before_word)
     parts: list[RenderableType] = [Text("\n".join(lines))]
     if fit.fits_on:
         table = Table(title="fits on (predicted from the counted memory; micro-batch x accumulation where it must "

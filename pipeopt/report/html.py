@@ -84,7 +84,7 @@ def _verdict(report: Report) -> str:
         return "<div class='verdict'>Not enough steps were measured for a window.</div>"
     lines = [f"<b>{_e(v.kind)}</b>: {_e(v.reason)}.",
              f"Estimated speedup if input were free: <b>{v.input_free_speedup:.2f}x</b> "
-             f"({_e(report.before_name.removesuffix(' window'))} window)."]
+             f"({_e(report.before_word)} window)."]
     if report.predicted_speedup is not None:
         lines.append(f"Predicted speedup of the change (its trial): <b>{report.predicted_speedup:.2f}x</b>.")
     if report.measured_speedup is not None:
@@ -108,8 +108,8 @@ def _table(report: Report) -> str:
 
 
 def _split_chart(report: Report) -> str:
-    first = report.before_name.removesuffix(" window")
-    windows = [(name, w) for name, w in ((first, report.before), ("after", report.after)) if w is not None]
+    windows = [(name, w) for name, w in ((report.before_word, report.before), ("after", report.after))
+               if w is not None]
     if not windows:
         return "<p>No window was measured.</p>"
     width, left, bar = 900, 70, 26
@@ -230,7 +230,8 @@ def _fit_section(report: Report, fit: FitAndCost) -> str:
     if fit.limit is not None:
         lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
     parts = ["<ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>", _memory_bar(fit)]
-    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in time_lines(fit, report.before_name)) + "</ul>")
+    times = time_lines(fit, report.before_name, report.before_word)
+    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in times) + "</ul>")
     if fit.fits_on:
         rows = ["<table><tr><th>memory</th><th>for example</th><th>+20 % buffer</th><th>+40 % buffer</th></tr>"]
         rows += [f"<tr><td>{row.memory_gib:g} GiB</td><td>{_e(row.examples)}</td>"

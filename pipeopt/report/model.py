@@ -118,8 +118,13 @@ class Report:
 
     @property
     def before_name(self) -> str:
-        """What the "before" figures are called where they are shown."""
+        """What the "before" figures are called where they are shown: "before", or "first window"."""
         return "before" if self.before_ran is None else "first window"
+
+    @property
+    def before_word(self) -> str:
+        """``before_name`` before the word "window": "before", or "first"."""
+        return "before" if self.before_ran is None else "first"
 
     @property
     def measured_speedup(self) -> float | None:

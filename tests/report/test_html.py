@@ -74,3 +74,12 @@ def test_the_page_renders_in_a_real_browser(tmp_path):
     for bar in ((217, 83, 79), (92, 184, 92), (31, 119, 180), (225, 87, 89)):  # data wait, compute, trial bars and
         # the activations' share of the memory bar: the SVG rendered
         assert bar in colours
+
+
+def test_a_first_window_that_ran_an_earlier_runs_settings_is_headed_so():
+    report = full_report()
+    report.before_ran = "the loader settings an earlier run of this fit cached (num_workers=2, ...)"
+    page = render_html(report)
+    assert "<th>first window</th>" in page and "<th>before</th>" not in page
+    assert "Measured speedup (after over the first window, which ran the loader settings an earlier run" in page
+    assert "(first window)." in page and "s first window -&gt; " in page and "(before window)" not in page
