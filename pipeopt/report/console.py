@@ -174,22 +174,25 @@ def _verdict_lines(report: Report) -> Text:
     else:
         lines.append("Verdict: not enough steps were measured for a window "
                      f"({report.steps_measured} steps seen).\n")
-    if report.predicted_speedup is not None:
-        lines.append(f"Predicted speedup of the change (trial or loader model): {report.predicted_speedup:.2f}x\n")
-    if report.measured_speedup is not None:
-        error = report.prediction_error
-        off = f" (the prediction was off by {error:.0%})" if error is not None else ""
-        lines.append(f"Measured speedup ({speedup_basis(report)}): {report.measured_speedup:.2f}x{off}\n")
+    for label, value, remark in speedups(report):
+        lines.append(f"{label}: {value}{remark}\n")
     return lines
 
 
-def speedup_basis(report: Report) -> str:
-    """What the measured speedup divides: after over before, or over the first window and what that window ran."""
-    if report.mode != "tune":
-        return "last over first window"
-    if report.before_ran is None:
-        return "after over before"
-    return f"after over the first window, which ran {report.before_ran}"
+def speedups(report: Report) -> list[tuple[str, str, str]]:
+    """The kept change's predicted and the measured speedup, as (label, value, remark) - the console's lines and the
+    HTML page's. The measured one divides after by before, or by the first window, naming what that window ran."""
+    rows = []
+    if report.predicted_speedup is not None:
+        rows.append(("Predicted speedup of the change (trial or loader model)", f"{report.predicted_speedup:.2f}x", ""))
+    if report.measured_speedup is not None:
+        basis = "after over before" if report.mode == "tune" else "last over first window"
+        if report.mode == "tune" and report.before_ran is not None:
+            basis = f"after over the first window, which ran {report.before_ran}"
+        error = report.prediction_error
+        off = f" (the prediction was off by {error:.0%})" if error is not None else ""
+        rows.append((f"Measured speedup ({basis})", f"{report.measured_speedup:.2f}x", off))
+    return rows
 
 
 def _label(window: WindowStats | None, name: str) -> str:

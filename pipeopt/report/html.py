@@ -16,7 +16,7 @@ from pipeopt.report.console import (
     memory_lines,
     settings_text,
     size_text,
-    speedup_basis,
+    speedups,
     time_lines,
     trial_cells,
 )
@@ -85,12 +85,7 @@ def _verdict(report: Report) -> str:
     lines = [f"<b>{_e(v.kind)}</b>: {_e(v.reason)}.",
              f"Estimated speedup if input were free: <b>{v.input_free_speedup:.2f}x</b> "
              f"({_e(report.before_word)} window)."]
-    if report.predicted_speedup is not None:
-        lines.append(f"Predicted speedup of the change (its trial): <b>{report.predicted_speedup:.2f}x</b>.")
-    if report.measured_speedup is not None:
-        error = report.prediction_error
-        off = f" (the prediction was off by {error:.0%})" if error is not None else ""
-        lines.append(f"Measured speedup ({_e(speedup_basis(report))}): <b>{report.measured_speedup:.2f}x</b>{off}.")
+    lines += [f"{_e(label)}: <b>{value}</b>{_e(remark)}." for label, value, remark in speedups(report)]
     return f"<div class='verdict {_e(v.kind)}'>" + "<br>".join(lines) + "</div>"
 
 
