@@ -23,11 +23,6 @@ def assemble(*, windows: Sequence[WindowStats], environment: Environment, skippe
     after-window, measured after every change when the cache was kept (it decides last)."""
     notes = _measurement_notes(windows, dropped_partial)
     before, after, extra = _loader_part(windows, session, current_loader, notes)
-    started = started_from(session) if session is not None else None
-    if session is not None and before is not None and started is not None:  # no window measured the user's settings
-        origin = "an earlier run of this fit cached" if session.from_cache else "the run this one resumes kept"
-        extra["before_ran"] = (f"the loader settings {origin} ({started.describe()}), in force from the first step: "
-                               "your own settings were not measured on this run")
     changed = any(o is not None and o.changes for o in (precision, batch))
     if changed and after_from is not None and len(windows) > after_from:
         after = windows[after_from]  # measured after every change, the batch plan's and precision's included
@@ -71,8 +66,14 @@ def _loader_part(windows: Sequence[WindowStats], session: LoaderSession | None, 
     if session is None:
         return first, last, {}
     before, after = session.before, session.after
+    before_ran = None
     if before is None:  # applied from a checkpoint or the cache: no window of the user's settings exists
         before, after = first, last
+        started = started_from(session)
+        if before is not None and started is not None:  # the first window ran an earlier run's settings
+            origin = "an earlier run of this fit cached" if session.from_cache else "the run this one resumes kept"
+            before_ran = (f"the loader settings {origin} ({started.describe()}), in force from the first step: your "
+                          "own settings were not measured on this run")
     elif after is None and session.state == "done" and windows and windows[-1] is not before:
         after = windows[-1]  # nothing changed: the run's last window, measured after tuning ended
     if session.state != "done" and session.before is not None:
@@ -84,6 +85,6 @@ def _loader_part(windows: Sequence[WindowStats], session: LoaderSession | None, 
     notes.extend(session.notes)
     suggestion = loader_suggestion(session.changes)
     trials = session.search.trials if session.search is not None else []
-    return before, after, dict(changes=loader_changes(session), trials=trial_rows(trials),
+    return before, after, dict(before_ran=before_ran, changes=loader_changes(session), trials=trial_rows(trials),
                                suggestions=[suggestion] if suggestion else [],
                                predicted_speedup=predicted_speedup(session))

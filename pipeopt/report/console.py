@@ -277,17 +277,16 @@ def health_line(window: WindowStats | None, status: str) -> str:
             f"{r.gpu_throttle or 'none' if r.gpu_throttle is not None else 'n/a'}")
 
 
-def time_lines(fit: FitAndCost, before_name: str = "before", before_word: str = "before") -> list[str]:
-    """The time (and cost) lines; ``before_name``, ``before_word``: what the before window is called
-    (``Report.before_name``, ``Report.before_word``)."""
-    t = fit.time
+def time_lines(report: Report, fit: FitAndCost) -> list[str]:
+    """The time (and cost) lines of ``report``'s ``fit``, its before window called as the report calls it."""
+    t, before_name = fit.time, report.before_name
 
     def span(before: float | None, after: float | None, fmt: str, unit: str = "") -> str:
         pairs = ((before, before_name), (after, "after"))
         shown = [f"{format(v, fmt)}{unit} {when}" for v, when in pairs if v is not None]
         return " -> ".join(shown) or "n/a"
 
-    lines = [f"Time per epoch ({t.steps_per_epoch} optimizer steps, at the {before_word} and "
+    lines = [f"Time per epoch ({t.steps_per_epoch} optimizer steps, at the {report.before_word} and "
              "after windows' measured pace): "
              f"{span(t.epoch_s_before, t.epoch_s_after, ',.1f', ' s')}" if t.steps_per_epoch else
              "Time per epoch: n/a (the epoch's length is not known)"]
@@ -312,7 +311,7 @@ def fit_section(report: Report, fit: FitAndCost) -> Panel:
     if fit.limit is not None:
         lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
     lines.append(health_line(report.after or report.before, report.environment.gpu_monitoring))
-    lines += time_lines(fit, report.before_name, report.before_word)
+    lines += time_lines(report, fit)
     parts: list[RenderableType] = [Text("\n".join(lines))]
     if fit.fits_on:
         table = Table(title="fits on (predicted from the counted memory; micro-batch x accumulation where it must "

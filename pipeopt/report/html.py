@@ -225,8 +225,7 @@ def _fit_section(report: Report, fit: FitAndCost) -> str:
     if fit.limit is not None:
         lines.append(f"Limit: {fit.limit} - {fit.limit_reason}")
     parts = ["<ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>", _memory_bar(fit)]
-    times = time_lines(fit, report.before_name, report.before_word)
-    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in times) + "</ul>")
+    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in time_lines(report, fit)) + "</ul>")
     if fit.fits_on:
         rows = ["<table><tr><th>memory</th><th>for example</th><th>+20 % buffer</th><th>+40 % buffer</th></tr>"]
         rows += [f"<tr><td>{row.memory_gib:g} GiB</td><td>{_e(row.examples)}</td>"
