@@ -31,6 +31,9 @@ Memory: the peak of the whole process tree's memory (main process and loader wor
 often (the sampler takes at most 1/20 of a core): the sum of their proportional set sizes less the shared memory
 they map, plus the shared-memory files they hold open or map (``PeakMemory``: a page a forked worker shares with
 its parent, and the store, which every reader maps, each counted once) - and the store's bytes beside its budget.
+Each fit starts by giving back the heap earlier fits in the process freed (``harness.release_free_heap``), and its
+peak carries at most what of it the training process's allocator held free (``heap_free_at_peak_bytes``): freed
+memory the heap kept, not any arm's data.
 Writes
 ``benchmarks/results/sample_cache.json`` (merged per scenario, so the two venvs' runs sit side by side), a copy in
 ``results/history/`` and the tables in ``results/README.md``.
@@ -61,7 +64,7 @@ import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.harness import median, page_faults, steady_heap
+from benchmarks.harness import heap_free, median, page_faults, release_free_heap, steady_heap
 from benchmarks.run import RESULTS, keep_in_history, machine, write_markdown
 from benchmarks.scenarios.base import label
 from benchmarks.scenarios.workloads import CACHE, Classifier, SlowStorage, jpeg_folder, mlp, small_cnn
@@ -200,6 +203,7 @@ class PeakMemory:
 
     def __init__(self, every_s: float = 0.5, share: float = 20.0) -> None:
         self.peak, self._every, self._share, self._stop = 0, every_s, share, threading.Event()
+        self.heap_free_at_peak: int | None = None  # of the peak, what the training process's allocator held free
         self.host_shm_growth = 0  # the most /dev/shm grew, beyond what the tree's holding grew
         me = psutil.Process()
         self._shm_at_start, self._held_at_start = _shm_used(), _shm_held([me.pid, *(p.pid for p in descendants(me))])
@@ -221,7 +225,9 @@ class PeakMemory:
             held = _shm_held([p.pid for p in tree])
             grown = _shm_used() - self._shm_at_start - (held - self._held_at_start)
             self.host_shm_growth = max(self.host_shm_growth, grown)
-            self.peak = max(self.peak, held + sum(_own_memory(p.pid, alone=len(tree) == 1) for p in tree))
+            total = held + sum(_own_memory(p.pid, alone=len(tree) == 1) for p in tree)
+            if total > self.peak:
+                self.peak, self.heap_free_at_peak = total, heap_free()
             self._stop.wait(max(self._every, self._share * (time.thread_time() - cpu)))
 
 
@@ -361,6 +367,7 @@ def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback], epochs: int
     epochs = epochs or s.epochs
     ceiling = None if between is None else CeilingBetween(s, between)
     trainer = _trainer([clock, *callbacks, *([ceiling] if ceiling else [])], epochs)
+    release_free_heap()  # not the free heap an earlier fit in this process left
     with PeakMemory() as memory:
         start = time.perf_counter()
         trainer.fit(s.make_model(), loader)
@@ -374,6 +381,7 @@ def fit(s: CacheScenario, loader: Any, callbacks: list[pl.Callback], epochs: int
     faults = (clock.faults[-1] - clock.faults[steps - 1] - away) / (len(clock.faults) - steps)
     return {"epoch_samples_per_s": rates, "from_epoch2_samples_per_s": from2, "whole_fit_samples_per_s": whole,
             "wall_s": wall - sum(paused), "peak_memory_bytes": memory.peak,
+            "heap_free_at_peak_bytes": memory.heap_free_at_peak,
             "host_shm_growth_bytes": memory.host_shm_growth,
             "page_faults_per_step_from_epoch2": faults, **(ceiling.over(rates) if ceiling else {})}
 
@@ -526,8 +534,11 @@ def _mmm(values: list[float], fmt: str = "{:.2f}") -> str:
 
 
 def _peak(arm: dict[str, Any]) -> str:
-    """An arm's peak memory: proportional (``PeakMemory``), or - in results measured before it - the sum of RSS, which
-    counts the pages forked workers share once per worker (marked "RSS")."""
+    """An arm's peak memory: proportional (``PeakMemory``), with what of it the training process's allocator held
+    free where measured, or - in results measured before it - the sum of RSS, which counts the pages forked workers
+    share once per worker (marked "RSS")."""
+    if arm.get("heap_free_at_peak_bytes") is not None:
+        return f"{arm['peak_memory_bytes'] / 2**30:.2f} GiB ({arm['heap_free_at_peak_bytes'] / 2**30:.2f} free heap)"
     if "peak_memory_bytes" in arm:
         return f"{arm['peak_memory_bytes'] / 2**30:.2f} GiB"
     return f"{arm['peak_rss_bytes'] / 2**30:.2f} GiB RSS"
@@ -597,7 +608,9 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
               "step's fresh pages moved any arm, the ceiling too, by up to ~1.4x. Peak memory: "
               f"{', '.join(n for n, s in data['scenarios'].items() if _own_shm(s)) or 'no scenario'} counted the "
               "shared memory the tree holds (`PeakMemory`); the others what `/dev/shm` as a whole gained over the "
-              "fit, another process's included. Per-epoch figures, the "
+              "fit, another process's included. Free heap, where shown: of that peak, at most what the training "
+              "process's allocator held freed (glibc's `mallinfo2`); those fits began by giving back the free heap the fits "
+              "before them in the process had left (`harness.release_free_heap`). Per-epoch figures, the "
               "cache's hit rate and fill cost per run are in "
               "`sample_cache.json`."]
     return lines
