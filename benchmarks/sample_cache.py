@@ -609,8 +609,8 @@ def sample_cache_rows(data: dict[str, Any]) -> list[str]:
               f"{', '.join(n for n, s in data['scenarios'].items() if _own_shm(s)) or 'no scenario'} counted the "
               "shared memory the tree holds (`PeakMemory`); the others what `/dev/shm` as a whole gained over the "
               "fit, another process's included. Free heap, where shown: of that peak, at most what the training "
-              "process's allocator held freed (glibc's `mallinfo2`); those fits began by giving back the free heap the fits "
-              "before them in the process had left (`harness.release_free_heap`). Per-epoch figures, the "
+              "process's allocator held freed (glibc's `mallinfo2`); those fits began by giving back the free heap "
+              "the fits before them in the process had left (`harness.release_free_heap`). Per-epoch figures, the "
               "cache's hit rate and fill cost per run are in "
               "`sample_cache.json`."]
     return lines
