@@ -193,7 +193,7 @@ class SampleStore:
         self._pid: int | None = None
         self._files: _Files | None = None
         self._batches = _dataloader.BatchBuffers()  # the memory of the batches get_rows reads, used again
-        self._bare: _Bare | None = None  # how a record that is a tensor alone lies, once get_rows has read one
+        self._layout: _Layout | None = None  # how the records of whole items lie, learnt by get_rows
         # The data file's bytes up to here are mapped into this process, or were stored before it opened the store
         # (a kept store, reopened: ``map_in_stored`` maps what is stored from now on)
         self._mapped_to = int.from_bytes(header_bytes[8 * _END:8 * _END + 8], "little", signed=True)
@@ -212,7 +212,7 @@ class SampleStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _pid=None, _files=None, _alive=None, _batches=_dataloader.BatchBuffers(),
-                             _bare=None, _mapped_to=0)
+                             _layout=None, _mapped_to=0)
 
     def _open(self) -> _Files:
         """This process's view of the store's files (opened on first use in each process)."""
@@ -249,28 +249,29 @@ class SampleStore:
         below 0 or past the end names no record), or the items are not alike (a field that is not a plain tensor, or
         whose dtype or shape differs between them): the caller reads them one by one.
 
-        Where every record is a tensor alone, pickled alike (whole images, say), the items are the rows, which come
-        ``Collated`` with their tensor, and how such a record lies is kept (``_Bare``): a later batch whose records
-        all begin with the same bytes - frame, sizes and pickle, compared once a record - is read with nothing
-        unpickled nor walked row by row (a cached validation chain's batch of 32 took 0.6 ms of the training
-        thread, half of it Python). Once every position's record is known so, a batch is where each one's bytes
-        start, picked by position, and one gather: nothing is checked again."""
+        Where the items are a tensor alone (whole images, say), or a tuple, list or dict of tensors and plain numbers
+        (an image and its label), how their records lie is learnt (``_Layout``), each record once: a later batch of
+        records all learnt is where each one's tensors start and what its numbers are, looked up by position, one
+        gather a tensor field - nothing unpickled, nothing checked again - and comes ``Collated``, as torch's default
+        collate makes the batch. Records that are a tensor alone are learnt without unpickling them: each begins
+        with the same bytes (frame, sizes and pickle), compared once a record (a cached validation chain's batch of
+        32 took 0.6 ms of the training thread where it was unpickled, half of it Python)."""
         if not len(positions):
             return []
         at = _stored_positions(positions, self.length)
         if at is None:
             return None
         files = self._open()
-        bare = self._bare
-        if bare is not None and bare.starts is not None:  # every record known: where its bytes start, nothing to check
-            return bare.read(files, bare.starts[at], self._batches.tensor(len(at), bare.dtype, bare.shape))
+        layout = self._layout
+        if layout is not None and layout.seen[at].all():  # every record known: nothing to check
+            return layout.read(files, at, self._batches)
         index, data = files.arrays()
         slots = _HEADER + 2 * at
         if not index[slots + 1].all():  # (the length first: it is published after the offset)
             return None
         offsets = index[slots]
-        if bare is not None and bare.fits(index, data, at, offsets):
-            return bare.read(files, offsets + bare.start, self._batches.tensor(len(at), bare.dtype, bare.shape))
+        if layout is not None and layout.fits(data, at, offsets):
+            return layout.read(files, at, self._batches)
         first = int(offsets[0])
         count, length = _FRAME.unpack_from(files.data, first)
         head = _FRAME.size + 8 * count
@@ -287,18 +288,21 @@ class SampleStore:
         views = list(zip(*(t.unbind(0) for t in batch))) if batch else [()] * len(at)  # each row's fields
         try:  # each tensor a pickle makes is its row of the batch (``_tensor``), its bytes read in below
             items = [pickle.loads(pickled, buffers=views[0])]
-            if count == 1 and items[0] is views[0][0]:  # the record is its tensor alone (a cached image, say)
-                layout = _Bare(bytes(files.data[first:first + head + length]), *kinds[0],
-                               _buffer_starts(head + length, sizes)[0], np.zeros(self.length, dtype=bool))
-                if layout.fits(index, data, at, offsets):  # ... and so is every other one, pickled alike
-                    self._bare = layout
-                    return layout.read(files, offsets + layout.start, batch[0])
+            if layout is None:
+                layout = self._layout = _Layout.of(items[0], views[0], kinds, self.length,
+                                                   bytes(files.data[first:first + head + length]),
+                                                   _buffer_starts(head + length, sizes)[0])
+                if layout is not None and layout.fits(data, at, offsets):  # a tensor alone, and so is every other
+                    return layout.read(files, at, self._batches)
             for view, start, size in zip(views[1:], (offsets[1:] + head).tolist(), lengths[1:].tolist()):
                 items.append(pickle.loads(bytes(files.data[start:start + size]), buffers=view))
         except Exception:  # not alike the first (a field of another shape; a NumPy array's buffer): one by one
             return None
-        for tensor, starts in zip(batch, _buffer_starts(head + lengths, sizes)):
-            files.gather(offsets + starts, tensor)
+        starts = [offsets + start for start in _buffer_starts(head + lengths, sizes)]
+        for tensor, start in zip(batch, starts):
+            files.gather(start, tensor)
+        if layout is not None:
+            layout.learn(at, items, views, kinds, starts)
         return items
 
     def map_in_stored(self) -> None:
@@ -469,41 +473,135 @@ def _running(pid: int) -> bool:
 
 
 @dataclass
-class _Bare:
-    """How a record that is a tensor alone lies: its first bytes (frame, buffer size, pickle), the tensor's dtype and
-    shape, and where its bytes start - and which positions' records are known to lie so (``seen``: a position's
-    bytes are written once, where they stay, so each record is compared once). Once every position's is known,
-    ``starts`` holds where each one's tensor bytes start in the data file: a batch is then read with one lookup and
-    one gather, nothing checked again."""
+class _Layout:
+    """How the records of whole items alike lie, learnt as ``SampleStore.get_rows`` reads them: an item that is a
+    tensor alone (``container`` None), or a tuple, list or dict of tensors and numbers - ``int`` (within int64) and
+    ``float``, collated as torch's default collate makes them: an int64 tensor, a float64 one. ``seen``: which
+    positions' records are learnt. A position's bytes are written once, where they stay, so each record is learnt
+    once: where each of its tensors' bytes start in the data file (``starts``, a column a tensor field) and its
+    numbers (``numbers``, an array a number field). A batch of positions all learnt is then read with one lookup and
+    one gather a field.
 
-    head: bytes
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    start: int
+    A record that is a tensor alone is learnt without unpickling it: it begins with ``head`` (frame, buffer size,
+    pickle), compared once, and its tensor's bytes start ``start`` bytes in. Any other is learnt from its item, once
+    unpickled; one not alike (another container, other keys, a number of another type, a tensor that is not its
+    row of the batch) is not learnt, and a batch with it is read as before."""
+
+    kinds: list[tuple[torch.dtype, tuple[int, ...]]]  # each tensor field's dtype and shape, in the pickle's order
+    fields: list[int]  # each of the item's values, in order: tensor field k (k >= 0) or number field ~k
+    container: type | None  # tuple, list or dict; None: the item is its tensor
+    keys: tuple[Any, ...]  # a dict's keys, in order
+    numbers: list[np.ndarray]  # a number field's value at each position
     seen: np.ndarray  # a flag per position of the store
-    starts: np.ndarray | None = None  # each position's tensor bytes in the data file, once every record is known
+    starts: np.ndarray  # (positions, tensor fields): where each tensor's bytes start in the data file
+    head: bytes = b""  # a record that is a tensor alone: the bytes it begins with
+    start: int = 0  # ... and where its tensor's bytes start within it
 
-    def fits(self, index: np.ndarray, data: np.ndarray, positions: np.ndarray, offsets: np.ndarray) -> bool:
-        """Every record at ``offsets`` (those of ``positions``) begins with these bytes: it is such a tensor, pickled
-        alike."""
+    @classmethod
+    def of(cls, item: Any, rows: Sequence[torch.Tensor], kinds: list[tuple[torch.dtype, tuple[int, ...]]],
+           length: int, head: bytes, start: int) -> _Layout | None:
+        """The layout of records like ``item``'s (its tensors ``rows``, of ``kinds``), in a store of ``length``
+        positions - ``head`` and ``start`` as its record has them - or None if it is not such an item."""
+        if len(rows) == 1 and item is rows[0]:
+            return cls(kinds, [0], None, (), [], *cls._unseen(length, kinds), head, start)
+        if type(item) not in (tuple, list, dict):
+            return None
+        fields: list[int] = []
+        numbers: list[type] = []
+        tensors = 0
+        for value in list(item.values()) if type(item) is dict else item:
+            if tensors < len(rows) and value is rows[tensors]:
+                fields.append(tensors)
+                tensors += 1
+            elif type(value) in (int, float):
+                fields.append(~len(numbers))
+                numbers.append(type(value))
+            else:
+                return None
+        if not rows or tensors != len(rows):  # (an item of numbers alone: nothing to gather)
+            return None
+        columns = [np.zeros(length, dtype=np.int64 if kind is int else np.float64) for kind in numbers]
+        return cls(kinds, fields, type(item), tuple(item) if type(item) is dict else (), columns,
+                   *cls._unseen(length, kinds))
+
+    @staticmethod
+    def _unseen(length: int, kinds: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """``seen`` and ``starts`` of a store of ``length`` positions whose records are not learnt yet."""
+        return np.zeros(length, dtype=bool), np.zeros((length, len(kinds)), dtype=np.int64)
+
+    def fits(self, data: np.ndarray, positions: np.ndarray, offsets: np.ndarray) -> bool:
+        """Every record at ``offsets`` (those of ``positions``) is learnt - records that are a tensor alone by
+        beginning with ``head``: such a tensor, pickled alike."""
         new = ~self.seen[positions]
         if not new.any():
             return True
+        if self.container is not None:
+            return False
         span, fresh = len(self.head), offsets[new]
         if int(fresh.max()) + span > len(data):
             return False
         if not (data[fresh[:, None] + np.arange(span)] == np.frombuffer(self.head, np.uint8)).all():
             return False
         self.seen[positions[new]] = True
-        if self.seen.all():  # (a record seen is stored, and stays where it is)
-            self.starts = index[_HEADER::2][:len(self.seen)] + self.start
+        self.starts[positions[new], 0] = fresh + self.start
         return True
 
-    def read(self, files: _Files, starts: np.ndarray, batch: torch.Tensor) -> Sequence[Any]:
-        """The tensors whose bytes start at ``starts`` read into the rows of ``batch``: the rows, ``Collated`` with
-        it."""
-        files.gather(starts, batch)
-        return _dataloader.Collated(lambda: batch.unbind(0), batch, len(starts))
+    def learn(self, positions: np.ndarray, items: Sequence[Any], rows: Sequence[Sequence[torch.Tensor]],
+              kinds: list[tuple[torch.dtype, tuple[int, ...]]], starts: Sequence[np.ndarray]) -> None:
+        """Learn the records of ``items`` (read at ``positions``, their tensors ``rows`` of ``kinds``, whose bytes
+        start at ``starts``, an array a tensor field) that are alike: their numbers and where their tensors lie."""
+        if kinds != self.kinds:  # tensors of another dtype or shape: never read as these
+            return
+        for r, (position, item) in enumerate(zip(positions.tolist(), items)):
+            values = self._values(item)
+            if values is None or len(values) != len(self.fields):
+                continue
+            for value, field in zip(values, self.fields):
+                if field >= 0 and value is not rows[r][field]:
+                    break
+                if field < 0:
+                    column = self.numbers[~field]
+                    if type(value) is not (int if column.dtype == np.int64 else float):
+                        break
+                    try:
+                        column[position] = value
+                    except OverflowError:  # an int past int64: torch's collate fails on it too, as it should
+                        break
+            else:
+                self.starts[position] = [start[r] for start in starts]
+                self.seen[position] = True
+
+    def _values(self, item: Any) -> list[Any] | None:
+        """``item``'s values in order, where it is in this layout's container (a dict with its keys), else None."""
+        if self.container is None:
+            return [item]
+        kind: type = type(item)
+        if kind is not self.container:
+            return None
+        if self.container is dict:
+            return list(item.values()) if tuple(item) == self.keys else None
+        return list(item)
+
+    def read(self, files: _Files, positions: np.ndarray, batches: _dataloader.BatchBuffers) -> Sequence[Any]:
+        """The items at ``positions``, all learnt: each tensor field gathered into one batch tensor, each number
+        field picked - ``Collated`` with the batch as torch's default collate makes it of them."""
+        tensors = [batches.tensor(len(positions), dtype, shape) for dtype, shape in self.kinds]
+        for k, tensor in enumerate(tensors):
+            files.gather(self.starts[positions, k], tensor)
+        if self.container is None:
+            return _dataloader.Collated(lambda: tensors[0].unbind(0), tensors[0], len(positions))
+        numbers = [column[positions] for column in self.numbers]  # (new arrays: the batch's tensors are made over them)
+        values = [tensors[f] if f >= 0 else torch.from_numpy(numbers[~f]) for f in self.fields]
+        batch = dict(zip(self.keys, values)) if self.container is dict else values  # (a tuple's batch: a list)
+        return _dataloader.Collated(lambda: self._items(tensors, numbers), batch, len(positions))
+
+    def _items(self, tensors: list[torch.Tensor], numbers: list[np.ndarray]) -> list[Any]:
+        """The items of a batch read by ``read``: each tensor a row of its field's batch tensor."""
+        rows, values = [t.unbind(0) for t in tensors], [n.tolist() for n in numbers]
+        items = [[rows[f][r] if f >= 0 else values[~f][r] for f in self.fields] for r in range(len(rows[0]))]
+        if self.container is dict:
+            return [dict(zip(self.keys, item)) for item in items]
+        return items if self.container is list else [tuple(item) for item in items]
 
 
 class _Probe:

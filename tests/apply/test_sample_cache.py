@@ -483,6 +483,85 @@ def test_a_record_laid_out_otherwise_is_never_read_as_the_tensors_read_before(tm
     store.remove()
 
 
+class Labelled(Counted):
+    """Whole items of tensors and numbers - an input, its label, a weight - as a tuple, a list or a dict."""
+
+    def __init__(self, n: int = 64, container: type = tuple) -> None:
+        super().__init__(n)
+        self.container = container
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        x, w = torch.randn(3, 5, generator=g), torch.randint(0, 9, (2,), generator=g, dtype=torch.int16)
+        if self.container is dict:
+            return {"x": x, "label": i % 7 - 3, "weight": i / 3, "w": w}
+        return self.container([x, i % 7 + 2**40 * (i % 2), w, i / 3])
+
+
+def _alike(got, want) -> bool:
+    """``got`` is ``want``: the same container of the same values, each tensor of the same dtype and shape."""
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, torch.Tensor):
+        return got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    if isinstance(want, dict):
+        return list(got) == list(want) and all(_alike(got[k], want[k]) for k in want)
+    if isinstance(want, (tuple, list)):
+        return len(got) == len(want) and all(_alike(a, b) for a, b in zip(got, want))
+    return got == want
+
+
+@pytest.mark.parametrize("container", [tuple, list, dict])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_of_tensors_and_numbers_is_read_collated_once_its_records_are_known(tmp_path, container, workers):
+    """Items of tensors and numbers (an image and its label): once a batch has read a record, later batches read it
+    without unpickling it, and come collated - equal to torch's default collate of the user's items (the same
+    container, values, dtypes), and so are the items, where something else reads them. Through a DataLoader over
+    two epochs, in workers too: the same batches as the user's loader, drawn in the same order."""
+    dataset = Labelled(container=container)
+    cache = _filled(tmp_path, dataset)
+    reader = cache.dataset(read=True, rows=True)
+    known: set[int] = set()
+    for positions in ([0, 1, 2], [2, 1, 0], [5, 63, 5, 2], list(range(64)), [7, 3], [63]):
+        rows = cache.store.get_rows(positions)
+        assert isinstance(rows, _dataloader.Collated) == known.issuperset(positions)
+        known.update(positions)
+        wanted = [dataset[i] for i in positions]
+        assert _alike(_dataloader.collate_rows(reader.__getitems__(positions)), default_collate(wanted))
+        assert _alike(list(reader.__getitems__(positions)), wanted)
+    made = cache.store.stats().made
+    for seed in (0, 1):
+        plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(seed))
+        read = DataLoader(reader, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(seed),
+                          collate_fn=_dataloader.collate_rows, num_workers=workers)
+        assert all(_alike(a, b) for a, b in zip(read, plain, strict=True))
+    assert cache.store.stats().made == made  # all of it from the store
+    cache.close()
+
+
+def test_a_record_of_items_not_alike_is_never_read_as_the_records_known_before(tmp_path):
+    """Once records of a tensor and a label are known, a record alike in its bytes' sizes but not in what it holds -
+    a label of another type, another container, the fields in another order, a tensor of another shape - is read as
+    what it is, in a batch with known ones or alone, however often it is read."""
+    store = SampleStore(tmp_path / "s", 16, 1 << 20)
+    x = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(12)]
+    kept = [(x[0], 1), (x[1], 2), (x[2], 3), (x[3], 4), (x[4], "5"), (x[5], True), (x[6], 1.5), [x[7], 8],
+            (x[8].view(4, 3), 9), (10, x[9]), {"x": x[10], "y": 11}, (x[11], 2**63)]
+    for i, item in enumerate(kept):
+        assert store.put(i, encode(item), 0)
+    for positions in ([0, 1, 2, 3], [3, 0]):
+        store.get_rows(positions)
+    assert isinstance(store.get_rows([3, 0]), _dataloader.Collated)  # known
+    reader = CachedDataset(WholeSplit(kept), store, read=True, rows=True)
+    for other in range(4, len(kept)):
+        for positions in ([0, other], [other, other], [other, 1]):
+            for _ in range(3):
+                assert not isinstance(store.get_rows(positions), _dataloader.Collated)
+                assert _alike(list(reader.__getitems__(positions)), [kept[i] for i in positions])
+    assert _alike(list(reader.__getitems__([1, 0])), [kept[1], kept[0]])
+    store.remove()
+
+
 class Fields(Counted):
     """Whole items of several tensor fields (dtypes of 1, 2 and 8 bytes, odd lengths, a 0-d and an empty tensor) and
     a name of 0 to 199 characters: records whose tensors' bytes start at different offsets within them."""
@@ -501,7 +580,8 @@ class Image(Counted):
         return torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(i))
 
 
-@pytest.mark.parametrize("dataset", [Fields(300), Image(300)], ids=["fields", "tensor alone"])
+@pytest.mark.parametrize("dataset", [Fields(300), Image(300), Labelled(300)],
+                         ids=["fields", "tensor alone", "tensor and label"])
 def test_every_field_of_a_batch_read_at_a_time_is_read_from_its_own_items_bytes(tmp_path, dataset):
     """Each field of a batch is gathered from the store at once, its rows from wherever each item's record has them
     (records of any length, so at any offset, and at different offsets within records): every field, of any dtype
