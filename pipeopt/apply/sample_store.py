@@ -247,15 +247,9 @@ class SampleStore:
         used for batches before where it is free (``_dataloader.BatchBuffers``: fresh memory faults on each page).
         The records' offsets and frames are read for the whole batch at once. None when a position is not stored (one
         below 0 or past the end names no record), or the items are not alike (a field that is not a plain tensor, or
-        whose dtype or shape differs between them): the caller reads them one by one.
-
-        Where the items are a tensor alone (whole images, say), or a tuple, list or dict of tensors and plain numbers
-        (an image and its label), how their records lie is learnt (``_Layout``), each record once: a later batch of
-        records all learnt is where each one's tensors start and what its numbers are, looked up by position, one
-        gather a tensor field - nothing unpickled, nothing checked again - and comes ``Collated``, as torch's default
-        collate makes the batch. Records that are a tensor alone are learnt without unpickling them: each begins
-        with the same bytes (frame, sizes and pickle), compared once a record (a cached validation chain's batch of
-        32 took 0.6 ms of the training thread where it was unpickled, half of it Python)."""
+        whose dtype or shape differs between them): the caller reads them one by one. Records of a tensor alone, or
+        of tensors and numbers (an image and its label), are learnt once each (``_Layout``): a batch of them all
+        learnt is read by position, nothing unpickled, and comes ``Collated`` as torch's default collate makes it."""
         if not len(positions):
             return []
         at = _stored_positions(positions, self.length)
@@ -272,6 +266,13 @@ class SampleStore:
         offsets = index[slots]
         if layout is not None and layout.fits(data, at, offsets):
             return layout.read(files, at, self._batches)
+        return self._unpickled(files, at, offsets)
+
+    def _unpickled(self, files: _Files, at: np.ndarray, offsets: np.ndarray) -> Sequence[Any] | None:
+        """``get_rows`` of a batch not all learnt, at ``offsets``: each record's pickle loaded, its tensors the rows
+        of one tensor a field, its bytes gathered into them - and the records learnt on the way (a first batch
+        finds the layout)."""
+        data, layout = files.arrays()[1], self._layout
         first = int(offsets[0])
         count, length = _FRAME.unpack_from(files.data, first)
         head = _FRAME.size + 8 * count
