@@ -266,13 +266,13 @@ class SampleStore:
         offsets = index[slots]
         if layout is not None and layout.fits(data, at, offsets):
             return layout.read(files, at, self._batches)
-        return self._unpickled(files, at, offsets)
+        return self._unpickled(files, data, at, offsets)
 
-    def _unpickled(self, files: _Files, at: np.ndarray, offsets: np.ndarray) -> Sequence[Any] | None:
+    def _unpickled(self, files: _Files, data: np.ndarray, at: np.ndarray, offsets: np.ndarray) -> Sequence[Any] | None:
         """``get_rows`` of a batch not all learnt, at ``offsets``: each record's pickle loaded, its tensors the rows
         of one tensor a field, its bytes gathered into them - and the records learnt on the way (a first batch
         finds the layout)."""
-        data, layout = files.arrays()[1], self._layout
+        layout = self._layout
         first = int(offsets[0])
         count, length = _FRAME.unpack_from(files.data, first)
         head = _FRAME.size + 8 * count
@@ -557,20 +557,22 @@ class _Layout:
             values = self._values(item)
             if values is None or len(values) != len(self.fields):
                 continue
-            for value, field in zip(values, self.fields):
-                if field >= 0 and value is not rows[r][field]:
-                    break
-                if field < 0:
-                    column = self.numbers[~field]
-                    if type(value) is not (int if column.dtype == np.int64 else float):
-                        break
-                    try:
-                        column[position] = value
-                    except OverflowError:  # an int past int64: torch's collate fails on it too, as it should
-                        break
-            else:
-                self.starts[position] = [start[r] for start in starts]
-                self.seen[position] = True
+            if any(value is not rows[r][f] for value, f in zip(values, self.fields) if f >= 0):
+                continue
+            numbers = [(~f, value) for value, f in zip(values, self.fields) if f < 0]
+            if not all(self._fits(k, value) for k, value in numbers):
+                continue
+            for k, value in numbers:
+                self.numbers[k][position] = value
+            self.starts[position] = [start[r] for start in starts]
+            self.seen[position] = True
+
+    def _fits(self, k: int, value: Any) -> bool:
+        """``value`` is a number of field ``k``'s type - an int within int64 (past it, torch's collate fails too, as
+        it should), or a float."""
+        if self.numbers[k].dtype == np.int64:
+            return type(value) is int and -(2**63) <= value < 2**63
+        return type(value) is float
 
     def _values(self, item: Any) -> list[Any] | None:
         """``item``'s values in order, where it is in this layout's container (a dict with its keys), else None."""
