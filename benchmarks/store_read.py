@@ -12,6 +12,8 @@ The validation chain's cached items (3 x 112 x 112 float32 images, a label each)
   validation chain does (the image alone stored, its label joined after the read - ``FolderSplit``; ``CachedDataset``
   reading a batch's rows straight into its tensors, ``collate_rows``, batch memory used again);
 - **store, read ahead**: that loader run one batch ahead on a thread of the training process;
+- **store, read ahead at idle priority**: the same, its thread scheduled ``SCHED_IDLE`` (Linux): it runs only on a
+  CPU nothing else wants, so it can use a CPU the step leaves idle and never takes one from the step;
 - **the copy alone**: each batch's images gathered (one ``index_select``, the shuffled order of a DataLoader) from
   all of them held in one tensor into memory used before, its labels picked: no loader, no store, no Python around
   it - the least any loader pays that hands the step a batch of its own in the training thread.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import sys
 import tempfile
@@ -86,12 +89,14 @@ def gathered(images: torch.Tensor, labels: torch.Tensor, kept: int = 3) -> Itera
         yield torch.index_select(images, 0, picked, out=into[k % kept]), labels[picked]
 
 
-def read_ahead(batches: Iterable[Any], depth: int = 2) -> Iterator[Any]:
-    """``batches`` made on a thread, up to ``depth`` ahead of the loop."""
+def read_ahead(batches: Iterable[Any], depth: int = 2, *, idle: bool = False) -> Iterator[Any]:
+    """``batches`` made on a thread, up to ``depth`` ahead of the loop; ``idle``: that thread at idle priority."""
     ready: queue.Queue[Any] = queue.Queue(depth)
     end = object()
 
     def work() -> None:
+        if idle:  # pid 0: the calling thread alone
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         for batch in batches:
             ready.put(batch)
         ready.put(end)
@@ -163,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         labels = torch.tensor([label for _, label in items.items])
         arms = {"resident": lambda: resident, "items": lambda: loaders["items"], "store": lambda: loaders["store"],
                 "store, read ahead": lambda: read_ahead(loaders["store"]),
+                **({"store, read ahead at idle priority": lambda: read_ahead(loaders["store"], idle=True)}
+                   if hasattr(os, "SCHED_IDLE") else {}),
                 "the copy alone": lambda: gathered(images, labels)}
         step = Step()
         for make in arms.values():  # warm-up: the allocator, the store's pages, torch's threads
