@@ -14,7 +14,9 @@ Writes, into ``--out``:
 - ``gpu-dali.json``: DALI ``mixed`` decoding against the best DataLoader setting on the CPU-decode ImageFolder
   (needs torchvision and DALI, else it records why it was skipped);
 - ``gpu-validation-chain.json``: the sample cache's validation chain (``benchmarks.sample_cache``) with the model on
-  the GPU: pipeopt against the resident ceiling, the items held in memory and DataLoader workers (needs torchvision).
+  the GPU: pipeopt against the resident ceiling, the items held in memory and DataLoader workers (needs torchvision);
+- ``gpu-store-read.json``: ``benchmarks.store_read`` with the step on the GPU: whether a thread reading the kept
+  cache's next batch ahead hides the copy while the training thread waits for the GPU (on 2 CPUs it cannot).
 Each file also names the device and the torch and Lightning versions. A section that raises records its traceback
 in its file, the others still run, and the exit status is 1. On a machine without CUDA it says so and exits 0
 without writing anything, so it is safe to run anywhere.
@@ -428,6 +430,16 @@ def check_validation_chain(copies: int = 16, epochs: int = 8, grid: tuple[int, .
     return {**scenario_figures(scenario, repeats=1), "cpus": os.cpu_count()}
 
 
+def check_store_read(rounds: int = 4, items: int = 4096) -> dict[str, Any]:
+    """``benchmarks.store_read``'s arms with the step on the GPU, ``rounds`` rounds: the kept cache's read in the
+    training thread, and read ahead on a thread (at the usual and at idle priority), each against resident batches.
+    On 2 CPUs no thread can take the copy off the step (the thirty-seventh pass); here the training thread waits for
+    the GPU at each step's end, outside the GIL, and the host has CPUs to spare."""
+    from benchmarks.store_read import measure
+
+    return {**measure(rounds, items, "cuda"), "cpus": os.cpu_count()}
+
+
 SECTIONS = {
     "gpu-foundation.json": lambda: {"timing": check_timing(), "input_bound": check_input_bound(),
                                     "overhead": check_overhead()},
@@ -437,6 +449,7 @@ SECTIONS = {
     "gpu-cache.json": check_cache,
     "gpu-dali.json": check_dali,
     "gpu-validation-chain.json": check_validation_chain,
+    "gpu-store-read.json": check_store_read,
 }
 
 

@@ -1,10 +1,12 @@
 """What reading whole items from the sample store costs a step, once the cache is kept - without Lightning or pipeopt's
 measuring around it.
 
-    python -m benchmarks.store_read [--rounds 6] [--items 4096]
+    python -m benchmarks.store_read [--rounds 6] [--items 4096] [--device cpu]
 
 The validation chain's cached items (3 x 112 x 112 float32 images, a label each), the small CNN and SGD step of
-``benchmarks.sample_cache``, 32 a batch, in a plain training loop. Each round runs one epoch of each arm, in turn:
+``benchmarks.sample_cache``, 32 a batch, in a plain training loop: on the CPU, or with ``--device cuda`` on a GPU
+(the loaders still read on the CPU; each batch moves to the GPU in its step, and each step ends with its loss read,
+so the training thread waits for the GPU there). Each round runs one epoch of each arm, in turn:
 - **resident**: the epoch's batches made beforehand and kept in memory (the ceiling: no loader at all);
 - **items**: a DataLoader (``num_workers=0``, shuffled) over the items kept in memory, collated by torch's default
   collate - what any store of whole items read through a DataLoader can at best do;
@@ -107,9 +109,13 @@ def read_ahead(batches: Iterable[Any], depth: int = 2, *, idle: bool = False) ->
 
 
 class Step:
-    def __init__(self) -> None:
+    """The small CNN's SGD step on ``device``; a batch moves there in the step, and each step ends when the device has
+    finished it (its loss read, as a loop that logs each step's loss does)."""
+
+    def __init__(self, device: str = "cpu") -> None:
         torch.manual_seed(0)
-        self.model = small_cnn(10)
+        self.device = torch.device(device)
+        self.model = small_cnn(10).to(self.device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
 
     def epoch(self, batches: Iterable[Any]) -> dict[str, float]:
@@ -126,9 +132,12 @@ class Step:
             except StopIteration:
                 break
             fetched, faults_fetched = time.perf_counter(), page_faults()
+            x, y = x.to(self.device), y.to(self.device)  # (on the CPU, the same tensors)
             self.optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(self.model(x), y).backward()
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+            loss.backward()
             self.optimizer.step()
+            loss.item()
             fetch_s, compute_s = fetch_s + fetched - began, compute_s + time.perf_counter() - fetched
             fetch_faults += faults_fetched - faults
             compute_faults += page_faults() - faults_fetched
@@ -145,12 +154,9 @@ def load_ms(loader: Iterable[Any]) -> float:
     return 1e3 * (time.perf_counter() - start) / count
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--items", type=int, default=4096)
-    args = parser.parse_args(argv)
-    items = Items(args.items)
+def measure(rounds: int, n: int, device: str = "cpu") -> dict[str, Any]:
+    """Every arm, ``rounds`` times in turn over ``n`` items, the step on ``device``."""
+    items = Items(n)
     root = SHARED_MEMORY if SHARED_MEMORY.is_dir() else None
     split = FolderSplit(Folder(items), None, [], [])
     store = SampleStore(tempfile.mkdtemp(prefix="pipeopt-store-read-", dir=root), len(items), 4 * 2**30)
@@ -171,35 +177,46 @@ def main(argv: list[str] | None = None) -> int:
                 **({"store, read ahead at idle priority": lambda: read_ahead(loaders["store"], idle=True)}
                    if hasattr(os, "SCHED_IDLE") else {}),
                 "the copy alone": lambda: gathered(images, labels)}
-        step = Step()
+        step = Step(device)
         for make in arms.values():  # warm-up: the allocator, the store's pages, torch's threads
             step.epoch(make())
-        rounds = []
-        for _ in range(args.rounds):
+        measured = []
+        for _ in range(rounds):
             epochs = {name: step.epoch(make()) for name, make in arms.items()}
             rates = {name: e.pop("samples_per_s") for name, e in epochs.items()}
             loads = {name: load_ms(loaders[name]) for name in ("items", "store")}
-            rounds.append({"samples_per_s": rates, "load_ms_per_batch": loads, "per_step": epochs,
-                           "over_resident": {k: v / rates["resident"] for k, v in rates.items() if k != "resident"}})
+            measured.append({"samples_per_s": rates, "load_ms_per_batch": loads, "per_step": epochs,
+                             "over_resident": {k: v / rates["resident"] for k, v in rates.items() if k != "resident"}})
     finally:
         store.remove()
-    ratios = {k: [r["over_resident"][k] for r in rounds] for k in rounds[0]["over_resident"]}
+    ratios = {k: [r["over_resident"][k] for r in measured] for k in measured[0]["over_resident"]}
+    return {"scenario": "store_read", "device": device, "items": n, "batch_size": BATCH,
+            "rounds": measured, "median_over_resident": {k: median(v) for k, v in ratios.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--items", type=int, default=4096)
+    parser.add_argument("--device", default="cpu", help="where the step runs (cpu, cuda); the loaders read on the CPU")
+    args = parser.parse_args(argv)
+    figures = measure(args.rounds, args.items, args.device)
     given = sys.argv[1:] if argv is None else argv
-    result = {"scenario": "store_read", "command": " ".join(["python -m benchmarks.store_read", *given]),
-              "machine": machine(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "items": args.items, "batch_size": BATCH, "rounds": rounds,
-              "median_over_resident": {k: median(v) for k, v in ratios.items()}}
+    result = {**figures, "command": " ".join(["python -m benchmarks.store_read", *given]), "machine": machine(),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (RESULTS / "store_read.json").write_text(json.dumps(result, indent=2) + "\n")
     keep_in_history(result)
-    for k, v in ratios.items():
+    rounds = figures["rounds"]
+    for k in rounds[0]["over_resident"]:
+        v = [r["over_resident"][k] for r in rounds]
         print(f"{k} / resident: {median(v):.2f} [{min(v):.2f} - {max(v):.2f}]")
     for k in ("items", "store"):
         ms = [r["load_ms_per_batch"][k] for r in rounds]
         print(f"{k} loader alone: {median(ms):.2f} [{min(ms):.2f} - {max(ms):.2f}] ms a batch")
-    for k in arms:
-        figures = {f: median([r["per_step"][k][f] for r in rounds]) for f in rounds[0]["per_step"][k]}
-        print(f"{k}, a step: fetch {figures['fetch_ms']:.2f} ms ({figures['fetch_faults']:.0f} page faults), "
-              f"compute {figures['compute_ms']:.2f} ms ({figures['compute_faults']:.0f} page faults) (medians)")
+    for k in rounds[0]["per_step"]:
+        steps = {f: median([r["per_step"][k][f] for r in rounds]) for f in rounds[0]["per_step"][k]}
+        print(f"{k}, a step: fetch {steps['fetch_ms']:.2f} ms ({steps['fetch_faults']:.0f} page faults), "
+              f"compute {steps['compute_ms']:.2f} ms ({steps['compute_faults']:.0f} page faults) (medians)")
     return 0
 
 
