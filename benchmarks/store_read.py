@@ -14,8 +14,8 @@ so the training thread waits for the GPU there). Each round runs one epoch of ea
   validation chain does (the image alone stored, its label joined after the read - ``FolderSplit``; ``CachedDataset``
   reading a batch's rows straight into its tensors, ``collate_rows``, batch memory used again);
 - **store, read ahead**: that loader run one batch ahead on a thread of the training process;
-- **store, read ahead at idle priority**: the same, its thread scheduled ``SCHED_IDLE`` (Linux): it runs only on a
-  CPU nothing else wants, so it can use a CPU the step leaves idle and never takes one from the step;
+- **store, read ahead at idle priority**: the same, its thread scheduled ``SCHED_IDLE`` (Linux): it gets only a CPU
+  nothing else wants - but it runs the loader's Python holding the GIL, which the training thread may then wait for;
 - **the copy alone**: each batch's images gathered (one ``index_select``, the shuffled order of a DataLoader) from
   all of them held in one tensor into memory used before, its labels picked: no loader, no store, no Python around
   it - the least any loader pays that hands the step a batch of its own in the training thread.
