@@ -473,6 +473,13 @@ def _running(pid: int) -> bool:
     return True
 
 
+def _contained(item: Any) -> list[Any] | None:
+    """The values of a tuple, list or dict (in order), or None for any other item."""
+    if type(item) is dict:
+        return list(item.values())
+    return list(item) if type(item) in (tuple, list) else None
+
+
 @dataclass
 class _Layout:
     """How the records of whole items alike lie, learnt as ``SampleStore.get_rows`` reads them: an item that is a
@@ -505,12 +512,13 @@ class _Layout:
         positions - ``head`` and ``start`` as its record has them - or None if it is not such an item."""
         if len(rows) == 1 and item is rows[0]:
             return cls(kinds, [0], None, (), [], *cls._unseen(length, kinds), head, start)
-        if type(item) not in (tuple, list, dict):
+        values = _contained(item)
+        if values is None:
             return None
         fields: list[int] = []
         numbers: list[type] = []
         tensors = 0
-        for value in list(item.values()) if type(item) is dict else item:
+        for value in values:
             if tensors < len(rows) and value is rows[tensors]:
                 fields.append(tensors)
                 tensors += 1
@@ -579,11 +587,9 @@ class _Layout:
         if self.container is None:
             return [item]
         kind: type = type(item)
-        if kind is not self.container:
+        if kind is not self.container or (kind is dict and tuple(item) != self.keys):
             return None
-        if self.container is dict:
-            return list(item.values()) if tuple(item) == self.keys else None
-        return list(item)
+        return _contained(item)
 
     def read(self, files: _Files, positions: np.ndarray, batches: _dataloader.BatchBuffers) -> Sequence[Any]:
         """The items at ``positions``, all learnt: each tensor field gathered into one batch tensor, each number
