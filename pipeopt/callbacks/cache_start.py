@@ -328,17 +328,24 @@ def _samples_per_epoch(trainer: Any, user: Any, length: int) -> int:
 
 
 class CacheLedger:
-    """The sample cache over the fit, an epoch at a time: samples this rank trained, those its loaders made because
-    the store did not have them (stored or not), and - for an epoch read from the store from start to end - the hit
-    rate (a loader that only fills makes every item, stored or not: no hit rate)."""
+    """The sample cache over the fit, an epoch at a time: samples this rank trained (in all, and with settings that
+    read the store in place), those its loaders made because the store did not have them (stored or not), and - for
+    an epoch read from the store from start to end - the hit rate (a loader that only fills makes every item, stored
+    or not: no hit rate)."""
 
     def __init__(self) -> None:
         self.samples = 0  # trained in the running epoch
+        self.read = 0  # of them, trained with settings that read the store in place (a trial's, or kept ones)
         self.reading_at_start = False
         self.epochs: list[dict[str, Any]] = []
 
     def epoch_started(self, reading: bool) -> None:
-        self.samples, self.reading_at_start = 0, reading
+        self.samples, self.read, self.reading_at_start = 0, 0, reading
+
+    def trained(self, samples: int, reading: bool) -> None:
+        """A trained batch of ``samples``; ``reading``: the settings in place read the store."""
+        self.samples += samples
+        self.read += samples if reading else 0
 
     def epoch_ended(self, epoch: int, cache: SampleCache | None, reading: bool) -> None:
         if cache is None:
@@ -346,9 +353,9 @@ class CacheLedger:
         misses = cache.store.stats().made - sum(row["misses"] for row in self.epochs)
         whole = reading and self.reading_at_start
         hit_rate = max(0.0, 1.0 - misses / self.samples) if whole and self.samples else None
-        self.epochs.append(dict(epoch=epoch, reading=whole, samples=self.samples, misses=misses,
+        self.epochs.append(dict(epoch=epoch, reading=whole, samples=self.samples, read=self.read, misses=misses,
                                 hit_rate=hit_rate))
-        self.samples = 0
+        self.samples = self.read = 0
 
     def figures(self, cache: SampleCache | None, session: CacheSession | None) -> SampleCacheFigures | None:
         if cache is None or session is None:

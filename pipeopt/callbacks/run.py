@@ -132,7 +132,8 @@ class TuningRun:
 
     def batch_ended(self, trainer: Any, outputs: Any) -> None:
         """A trained batch, before the timer counts it."""
-        self._ledger.samples += self._instruments.batch_samples or 0
+        self._ledger.trained(self._instruments.batch_samples or 0,
+                             self.switcher is not None and self.switcher.current.cache)
         if self.precision is not None:
             self.precision.on_batch_end(trainer, outputs)
         if self.batch is not None:

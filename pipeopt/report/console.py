@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -113,10 +114,19 @@ def cache_lines(cache: SampleCacheFigures) -> list[str]:
     if cache.trial_speedup is not None:
         lines.append(f"Best cached trial: {cache.trial_speedup:.2f}x the window before it")
     for row in cache.epochs:
-        hits = (f"read from the store throughout: hit rate {row['hit_rate']:.1%}" if row["hit_rate"] is not None
-                else "not read from the store throughout (filling)")
-        lines.append(f"Epoch {row['epoch']}: {row['samples']:,} samples, {row['misses']:,} made for the store, {hits}")
+        lines.append(f"Epoch {row['epoch']}: {row['samples']:,} samples, {row['misses']:,} made for the store, "
+                     f"{_epoch_reads(row)}")
     return lines
+
+
+def _epoch_reads(row: dict[str, Any]) -> str:
+    """How an epoch used the store: read throughout (its hit rate), read with part of it, or not read - filled or
+    not (a store already complete, or a cache not kept)."""
+    if row["hit_rate"] is not None:
+        return f"read from the store throughout: hit rate {row['hit_rate']:.1%}"
+    if row.get("read"):
+        return f"read from the store in part: settings that read it were in place for {row['read']:,} of its samples"
+    return "not read from the store" + (" (filling it)" if row["misses"] else "")
 
 
 def _trials_table(report: Report) -> Table:

@@ -95,6 +95,8 @@ def test_a_kept_cache_serves_items_from_the_store_and_the_weights_are_bit_identi
     assert min(w.first_step for w in report.timeline if w.label.startswith("cache trial")) >= 16
     reading = [row for row in figures.epochs if row["reading"]]
     assert reading and reading[-1]["hit_rate"] == 1.0 and reading[-1]["misses"] == 0
+    # samples trained with settings that read the store: every one of an epoch read throughout, none of the first
+    assert all(row["read"] == row["samples"] for row in reading) and figures.epochs[0]["read"] == 0
     # every item made at most once by the fill, plus the determinism check's six: the reading epochs made none
     assert CountingDataset.made < made_plain
     assert not Path(figures.directory).exists()  # the store is removed at fit end
@@ -109,6 +111,10 @@ def test_a_cache_that_is_not_faster_is_given_back_and_kept_stores_stay(monkeypat
     tuned, _ = fit([callback], data, epochs=4)
     assert callback.report.changes == [] and tuned.seen == plain.seen
     assert any("sample cache not kept" in n for n in callback.report.notes)
+    # the epochs say what they did: the store read while the trial ran, and not once it was given back
+    rows = callback.report.sample_cache.epochs
+    assert any(row["read"] for row in rows) and rows[-1]["read"] == 0
+    assert all(row["read"] <= row["samples"] for row in rows)
     kept = list((tmp_path / "sample-cache").iterdir())
     assert len(kept) == 1 and (kept[0] / "index").exists()
 

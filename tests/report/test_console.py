@@ -2,7 +2,7 @@ import io
 
 from rich.console import Console
 
-from pipeopt.report.console import print_report
+from pipeopt.report.console import cache_lines, print_report
 from pipeopt.report.model import Report
 from tests.helpers import make_window
 from tests.report.test_json import ENV, full_report
@@ -77,9 +77,14 @@ def test_sample_cache_section():
     for words in ("Sample cache", "Cached: each image read and decoded (uint8); kept: the run ended reading from it",
                   "Stored 96 of 96 items, 3.0 MiB of a 1.00 GiB budget", "Fill cost: 0.25 s of CPU in all",
                   "Best cached trial: 1.60x the window before it",
-                  "Epoch 0: 96 samples, 96 made for the store, not read from the store throughout",
-                  "Epoch 1: 96 samples, 0 made for the store, read from the store throughout: hit rate 100.0%"):
+                  "Epoch 0: 96 samples, 96 made for the store, not read from the store (filling it)",
+                  "Epoch 1: 96 samples, 0 made for the store, read from the store in part: settings that read it "
+                  "were in place for 32 of its samples",
+                  "Epoch 2: 96 samples, 0 made for the store, read from the store throughout: hit rate 100.0%",
+                  "Epoch 3: 96 samples, 0 made for the store, not read from the store"):
         assert words in flat, words
+    # an epoch after a cache given back neither read nor filled it: nothing more is said of it
+    assert cache_lines(full_report().sample_cache)[-1].endswith("not read from the store")
 
 
 def test_fit_and_cost_section():

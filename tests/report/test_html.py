@@ -25,7 +25,7 @@ def test_self_contained_page_with_every_section():
                  "Accelerator health: n/a (no NVIDIA driver)", "Cost at 4 an hour"):
         assert text in page, text
     for text in ("<h2>Sample cache</h2>", "Stored 96 of 96 items",
-                 "Epoch 1: 96 samples, 0 made for the store, read from the store throughout: hit rate"):
+                 "Epoch 2: 96 samples, 0 made for the store, read from the store throughout: hit rate"):
         assert text in page, text
     assert "accelerator health (x: optimizer step)" not in page  # no NVML series: no chart of zeros
 

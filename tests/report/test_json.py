@@ -49,8 +49,10 @@ def full_report():
         sample_cache=SampleCacheFigures(
             cached="each image read and decoded (uint8)", directory="/tmp/store", kept=True, stored=96, length=96,
             bytes_used=3 * 2**20, budget_bytes=2**30, fill_s=0.25, trial_speedup=1.6,
-            epochs=[dict(epoch=0, reading=False, samples=96, misses=96, hit_rate=None),
-                    dict(epoch=1, reading=True, samples=96, misses=0, hit_rate=1.0)]),
+            epochs=[dict(epoch=0, reading=False, samples=96, read=0, misses=96, hit_rate=None),
+                    dict(epoch=1, reading=False, samples=96, read=32, misses=0, hit_rate=None),
+                    dict(epoch=2, reading=True, samples=96, read=96, misses=0, hit_rate=1.0),
+                    dict(epoch=3, reading=False, samples=96, read=0, misses=0, hit_rate=None)]),
     )
 
 
@@ -63,7 +65,7 @@ def test_written_report_matches_the_schema_and_reads_back(tmp_path):
     assert data["predicted_speedup"] == pytest.approx(1.9)  # the change's own prediction, beside the measurement
     assert data["prediction_error"] == pytest.approx(0.05)  # |1.9 - 2.0| / 2.0
     assert data["trials"][0]["predicted_samples_per_s"] == 600.0
-    assert data["sample_cache"]["epochs"][1]["hit_rate"] == 1.0
+    assert data["sample_cache"]["epochs"][2]["hit_rate"] == 1.0
     assert read_report(path).sample_cache == report.sample_cache
     assert data["fit"]["memory"]["params_bytes"] == 400 * 2**20 and data["fit"]["time"]["fit_saving"] > 0
     assert read_report(path) == report
