@@ -51,17 +51,18 @@ def _as_is(position: int) -> int:  # a module-level function: workers started by
 
 class Backfill:
     """Makes and stores the cached part of ``positions`` in ``workers`` processes like the user's loader ``like``;
-    ``start()`` forks them (call it from the training loop's thread), a thread takes their results."""
+    ``start()`` forks them (call it from the training loop's thread), a thread takes their results. ``what`` the
+    positions are and ``when`` they are made, for the report (``describe``)."""
 
     def __init__(self, cached: CachedDataset, positions: Sequence[int], *, like: DataLoader, workers: int,
-                 what: str = "samples the store missed") -> None:
+                 what: str = "samples the store missed", when: str = "") -> None:
         if workers < 1:
             raise ValueError(f"a backfill makes items in worker processes: workers must be >= 1 (got {workers})")
         self._loader = loader_like(like, dataset=_Fill(cached, positions), sampler=range(len(positions)),
                                    batch_size=None, collate_fn=_as_is, num_workers=workers, pin_memory=False,
                                    prefetch_factor=2, persistent_workers=False, timeout=TIMEOUT_S,
                                    generator=torch.Generator().manual_seed(0))
-        self.total, self.workers, self.what = len(positions), workers, what
+        self.total, self.workers, self.what, self.when = len(positions), workers, what, when
         self.made = 0  # positions the workers finished
         self.error: BaseException | None = None  # what stopped it early (a worker failed or hung)
         self.started_at: float | None = None  # time.perf_counter() when the workers were started
@@ -98,6 +99,7 @@ class Backfill:
         end = "" if self.error is None else \
             f"; it stopped early ({type(self.error).__name__}): the rest are made when the sampler draws them"
         return (f"{self.made} of the {self.total} {self.what} were made ahead of the cache's trials, "
+                f"{self.when + ', ' if self.when else ''}"
                 f"in {self.workers} worker process(es), in {seconds:.1f} s{end}")
 
     def stop(self, timeout_s: float = 30.0) -> None:

@@ -265,8 +265,8 @@ class StoreCompletion:
         cache, drawn = self._switcher.cache, self._switcher.drawn_for_good()
         if cache is not None and drawn is not None and self._fillable():
             missing = set(cache.store.missing())
-            self._start([p for p in drawn if p in missing],
-                        "samples the epoch that made the store drew before it existed, while that epoch drew the rest")
+            self._start([p for p in drawn if p in missing], "samples drawn before the store existed",
+                        when="beside the rest of the epoch that made the store")
         return False
 
     def done(self) -> bool:
@@ -290,16 +290,18 @@ class StoreCompletion:
         cache = self._switcher.cache
         return cache is not None and self._draws_all and not cache.store.stats().full
 
-    def _start(self, positions: list[int], what: str) -> None:
+    def _start(self, positions: list[int], what: str, when: str = "") -> None:
         cache = self._switcher.cache
         if cache is None or not positions:
             return
         workers = max(1, min(self._switcher.current.num_workers, len(positions)))
-        job = Backfill(cache.dataset(read=False), positions, like=self._switcher.user, workers=workers, what=what)
+        job = Backfill(cache.dataset(read=False), positions, like=self._switcher.user, workers=workers, what=what,
+                       when=when)
         job.start()
         self.jobs.append(job)
         cache.on_close.append(job.stop)
-        self._say(f"making {len(positions)} {what} ahead, in {workers} worker process(es)")
+        self._say(f"making {len(positions)} {what} ahead, {when + ', ' if when else ''}in {workers} worker "
+                  "process(es)")
 
     def running(self) -> bool:
         """Whether what the store misses is being made now, on this rank."""

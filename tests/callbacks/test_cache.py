@@ -262,7 +262,8 @@ def test_the_samples_drawn_before_the_store_existed_are_made_ahead_and_cached_tr
     assert [step for step in WhereMade.made_at if step >= first_trial] == []  # all from the store
     made_ahead = [n for n in report.notes if "made ahead" in n]
     assert len(made_ahead) == 1 and "in 1 worker process" in made_ahead[0], report.notes
-    assert "while that epoch drew the rest" in made_ahead[0]  # made in the epoch that made the store (read ahead)
+    assert "samples drawn before the store existed were made ahead of the cache's trials, beside the rest of the " \
+           "epoch that made the store, in 1 worker process(es)" in made_ahead[0]  # (its order read ahead)
     assert [c.knob for c in report.changes] == ["cache"] and tuned.seen == plain.seen
     for name, value in plain.state_dict().items():
         assert torch.equal(value, tuned.state_dict()[name]), name
@@ -465,7 +466,8 @@ def test_after_a_tuning_cache_hit_the_epoch_is_counted_in_samples_and_the_missin
     assert second.before_ran is not None and "an earlier run of this fit cached (num_workers=" in second.before_ran
     # made in the first epoch, while it drew the rest: the cached configuration's switch came before the epoch's
     # first index was drawn, and the stream is read ahead once it was (at the cache's start)
-    assert any("made ahead" in n and "while that epoch drew the rest" in n for n in second.notes), second.notes
+    assert any("made ahead" in n and "beside the rest of the epoch that made the store" in n
+               for n in second.notes), second.notes
     assert psutil.Process().children() == []
 
 
