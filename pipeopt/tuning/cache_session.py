@@ -318,15 +318,14 @@ class CacheSession:
         self.state = CachePhase.DONE
 
     def _finish(self, why: str) -> None:
-        """Not kept: the settings in place before the cache session, again (the user's own loader, where theirs)."""
-        if self._applied != self.baseline or (self.baseline == self._switcher.user_settings and self._fills()):
-            if self.baseline == self._switcher.user_settings:
-                self._switcher.restore_user()
-            else:
-                self._switcher.switch(self.baseline)
-                self._switcher.settle()
-            self._windows.measure("cache not kept", self._applied.in_flight + self.baseline.in_flight)
-            self._applied = self.baseline
+        """Not kept: the settings in place before the cache session, again (the user's own loader, where theirs); the
+        fit's windows from here on say so (after a window before too: they measure no more of it)."""
+        back = self._applied != self.baseline or (self.baseline == self._switcher.user_settings and self._fills())
+        if back:
+            _put_back(self._switcher, self.baseline)
+        if back or self.state is CachePhase.BEFORE:
+            self._windows.measure("cache not kept", self._applied.in_flight + self.baseline.in_flight if back else 0)
+        self._applied = self.baseline
         self.outcome.notes.append(f"sample cache not kept: {why}")
         self._say(f"sample cache not kept: {why}")
         self.state = CachePhase.DONE
@@ -655,6 +654,15 @@ def best_speedup(trials: list[CacheTrial], before: Rate | None) -> float | None:
     """The best cached trial's rate over the window before the trials."""
     rates = [t.rate.value for t in trials if t.rate is not None]
     return max(rates) / before.value if rates and before else None
+
+
+def _put_back(switcher: Switcher, settings: LoaderSettings) -> None:
+    """``settings`` in place again, settled: the user's own loader where they are the user's."""
+    if settings == switcher.user_settings:
+        switcher.restore_user()
+    else:
+        switcher.switch(settings)
+        switcher.settle()
 
 
 def _compute_bound(wait: float) -> str:
