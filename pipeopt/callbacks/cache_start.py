@@ -337,7 +337,7 @@ class CacheLedger:
 
     def __init__(self) -> None:
         self.samples = 0  # trained in the running epoch
-        self.read = 0  # of them, trained with settings that read the store in place (a trial's, or kept ones)
+        self.read = 0  # of them, trained with settings that read the store in place (a trial's, a filler's, kept ones)
         self.reading_at_start = False
         self.epochs: list[dict[str, Any]] = []
 

@@ -120,8 +120,8 @@ def cache_lines(cache: SampleCacheFigures) -> list[str]:
 
 
 def _epoch_reads(row: dict[str, Any]) -> str:
-    """How an epoch used the store: read throughout (its hit rate), read with part of it, or not read - filled or
-    not (a store already complete, or a cache not kept)."""
+    """How an epoch used the store: read throughout (its hit rate), read in part, or not read - filled or not (a
+    store already complete, or a cache not kept)."""
     if row["hit_rate"] is not None:
         return f"read from the store throughout: hit rate {row['hit_rate']:.1%}"
     if row.get("read"):

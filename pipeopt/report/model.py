@@ -65,8 +65,9 @@ class SampleCacheFigures:
     """The sample cache of a fit: what it holds, what filling it cost, how often an epoch found its samples there.
     ``epochs``: one row an epoch - ``epoch``, ``reading`` (the loader read from the store from its start to its
     end), ``samples`` trained, ``read`` (of them, those trained while settings that read the store were in place: a
-    trial's or kept ones; absent in reports written before it was counted), ``misses`` (samples made because the
-    store did not have them) and ``hit_rate`` (None unless reading)."""
+    trial's, a filler's that reads what the store holds, or kept ones; absent in reports written before it was
+    counted), ``misses`` (samples made because the store did not have them) and ``hit_rate`` (None unless
+    reading)."""
 
     cached: str  # what of each item is cached
     directory: str
